@@ -1,0 +1,85 @@
+"""`export`: regenerate patches/ from the commits above the base.
+
+Deterministic: `git format-patch` with a zero commit id in the From line,
+no signature, unnumbered subjects, 12-digit abbreviations, no user config;
+files are numbered by position (NNNN-subject.patch), written atomically,
+identical files are left untouched, stale ones are removed, and `series`
+lists them in order. An export with nothing to export is refused.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools import proc
+from tools.apply import commits_above_base, dirty_files, require_tree
+from tools.errors import ExportError, TreeStateError
+from tools.fsutil import atomic_write_bytes, atomic_write_text
+from tools.series import SERIES_FILE
+from tools.source import BASE_TAG
+
+FORMAT_PATCH_ARGS = (
+    "format-patch",
+    "--zero-commit",
+    "--no-signature",
+    "--no-numbered",
+    "--abbrev=12",
+    "--no-cover-letter",
+    "--no-thread",
+)
+
+
+@dataclass
+class ExportResult:
+    directory: Path
+    names: list[str]
+    written: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "directory": str(self.directory),
+            "series": self.names,
+            "written": self.written,
+            "unchanged": self.unchanged,
+            "removed": self.removed,
+        }
+
+
+def render(tree: Path) -> dict[str, bytes]:
+    """{file name: bytes} of the patches the commits above the base make, in order."""
+    if not commits_above_base(tree):
+        raise ExportError(
+            f"nothing to export: no commits above {BASE_TAG} in {tree}",
+            hint="commit your changes in the work tree first (one commit per concern)",
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        proc.git(tree, *FORMAT_PATCH_ARGS, "-o", tmp, f"{BASE_TAG}..HEAD")
+        files = sorted(Path(tmp).glob("*.patch"))
+        return {f.name: f.read_bytes() for f in files}
+
+
+def export(tree: Path, patches_dir: Path, *, allow_dirty: bool = False) -> ExportResult:
+    require_tree(tree)
+    dirty = dirty_files(tree)
+    if dirty and not allow_dirty:
+        raise TreeStateError(
+            f"work tree {tree} has uncommitted changes ({', '.join(dirty[:5])}); they would not be exported",
+            hint="commit them in the work tree (one commit per concern), then export again",
+        )
+    rendered = render(tree)
+    result = ExportResult(patches_dir, list(rendered))
+    patches_dir.mkdir(parents=True, exist_ok=True)
+    for name, data in rendered.items():
+        if atomic_write_bytes(patches_dir / name, data):
+            result.written.append(name)
+        else:
+            result.unchanged.append(name)
+    for stale in sorted(patches_dir.glob("*.patch")):
+        if stale.name not in rendered:
+            stale.unlink()
+            result.removed.append(stale.name)
+    atomic_write_text(patches_dir / SERIES_FILE, "".join(f"{n}\n" for n in rendered))
+    return result

@@ -1,0 +1,185 @@
+"""The patch series: `patches/series` plus one `NNNN-name.patch` per concern.
+
+Every patch is a `git format-patch` mail: a header (Subject = what, body =
+why) followed by a unified diff. `load` validates everything before any
+command touches a tree: the series file and the directory agree, each patch
+parses with unidiff into well-formed hunks, and every path stays inside the
+tree (no absolute paths, no `..`, no writes through symlinks).
+"""
+from __future__ import annotations
+
+import email
+import email.policy
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import unidiff
+
+from tools.errors import SeriesError
+
+SERIES_FILE = "series"
+_NAME = re.compile(r"^[0-9]{4}-[A-Za-z0-9._-]+\.patch$")
+
+
+@dataclass(frozen=True)
+class Hunk:
+    file: str
+    index: int  # 1-based within its file
+    source_start: int
+    source_length: int
+    target_start: int
+    target_length: int
+    header: str
+
+    def describe(self) -> str:
+        return (
+            f"hunk #{self.index} of {self.file} "
+            f"(@@ -{self.source_start},{self.source_length} +{self.target_start},{self.target_length} @@"
+            f"{(' ' + self.header) if self.header else ''})"
+        )
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    path: Path
+    subject: str
+    body: str
+    files: tuple[str, ...]
+    hunks: tuple[Hunk, ...] = field(repr=False)
+
+    def hunk_at(self, file: str, line: int) -> Hunk | None:
+        """The hunk of `file` whose source range contains `line` (or the nearest one)."""
+        candidates = [h for h in self.hunks if h.file == file]
+        for h in candidates:
+            if h.source_start <= line <= h.source_start + max(h.source_length, 1) - 1:
+                return h
+        return min(candidates, key=lambda h: abs(h.source_start - line), default=None)
+
+
+@dataclass(frozen=True)
+class Series:
+    directory: Path
+    patches: tuple[Patch, ...]
+
+    def names(self) -> list[str]:
+        return [p.name for p in self.patches]
+
+
+def read_series_file(directory: Path) -> list[str]:
+    path = directory / SERIES_FILE
+    if not path.is_file():
+        raise SeriesError(f"{path} not found", hint="run `smla export` from a patched tree to create it")
+    names = []
+    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if not _NAME.match(line):
+            raise SeriesError(f"{path}:{lineno}: {line!r} is not a patch file name (NNNN-name.patch)")
+        if line in names:
+            raise SeriesError(f"{path}:{lineno}: {line} is listed twice")
+        names.append(line)
+    return names
+
+
+def load(directory: Path, *, allow_empty: bool = False) -> Series:
+    """Read and validate the whole series."""
+    names = read_series_file(directory)
+    on_disk = sorted(p.name for p in directory.glob("*.patch"))
+    missing = [n for n in names if n not in on_disk]
+    unlisted = [n for n in on_disk if n not in names]
+    if missing or unlisted:
+        parts = []
+        if missing:
+            parts.append(f"listed in series but missing: {', '.join(missing)}")
+        if unlisted:
+            parts.append(f"present but not in series: {', '.join(unlisted)}")
+        raise SeriesError(
+            f"{directory}/series and the directory disagree ({'; '.join(parts)})",
+            hint="fix patches/series, or regenerate both with `smla export`",
+        )
+    if not names and not allow_empty:
+        raise SeriesError(f"{directory}/series lists no patches")
+    return Series(directory, tuple(parse_patch(directory / n) for n in names))
+
+
+def parse_patch(path: Path) -> Patch:
+    """Parse and validate one format-patch file."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SeriesError(f"{path.name}: not UTF-8 text ({exc})") from exc
+    diff_at = _diff_start(text)
+    if diff_at < 0:
+        raise SeriesError(f"{path.name}: no diff found (expected `diff --git` lines)")
+    subject, body = _header(text[:diff_at], path.name)
+    try:
+        patchset = unidiff.PatchSet(text[diff_at:])
+    except unidiff.UnidiffParseError as exc:
+        raise SeriesError(f"{path.name}: malformed diff: {exc}") from exc
+    if not len(patchset):
+        raise SeriesError(f"{path.name}: the diff changes no file")
+    for m in re.finditer(r"^(?:diff --git a/(\S+) b/(\S+)|(?:rename|copy) (?:from|to) (\S+))$", text, re.M):
+        for name in filter(None, m.groups()):
+            _check_path(name, path.name)
+    files: list[str] = []
+    hunks: list[Hunk] = []
+    for pf in patchset:
+        for name in {pf.source_file, pf.target_file}:
+            _check_path(name, path.name)
+        rel = _strip_prefix(pf.target_file if pf.target_file != "/dev/null" else pf.source_file)
+        files.append(rel)
+        for i, h in enumerate(pf, 1):
+            hunks.append(Hunk(rel, i, h.source_start, h.source_length, h.target_start,
+                              h.target_length, (h.section_header or "").strip()))
+    return Patch(path.name, path, subject, body, tuple(files), tuple(hunks))
+
+
+def check_no_symlinks(series: Series, tree: Path) -> None:
+    """Refuse a patch that would write through a symlink inside `tree`."""
+    for patch in series.patches:
+        for rel in patch.files:
+            cur = tree
+            for part in PurePosixPath(rel).parts:
+                cur = cur / part
+                if cur.is_symlink():
+                    raise SeriesError(
+                        f"{patch.name}: {rel} goes through the symlink {cur.relative_to(tree)}; refusing to write through it"
+                    )
+
+
+def _diff_start(text: str) -> int:
+    m = re.search(r"^diff --git ", text, re.M)
+    return m.start() if m else -1
+
+
+def _header(head: str, name: str) -> tuple[str, str]:
+    msg = email.message_from_string(head.split("\n", 1)[1] if head.startswith("From ") else head,
+                                    policy=email.policy.compat32)
+    subject = re.sub(r"\s+", " ", str(msg.get("Subject") or "")).strip()
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+    if not subject:
+        raise SeriesError(f"{name}: the patch header has no Subject (what the patch does)")
+    payload = msg.get_payload()
+    body = (payload if isinstance(payload, str) else "").split("\n---\n", 1)[0].strip()
+    return subject, body
+
+
+def _strip_prefix(name: str) -> str:
+    return name[2:] if name.startswith(("a/", "b/")) else name
+
+
+def _check_path(name: str, patch_name: str) -> None:
+    if name == "/dev/null":
+        return
+    if name.startswith("/"):
+        raise SeriesError(f"{patch_name}: absolute path {name!r} in diff")
+    rel = _strip_prefix(name)
+    parts = PurePosixPath(rel).parts
+    if not parts or ".." in parts or rel.startswith("/"):
+        raise SeriesError(f"{patch_name}: path {name!r} leaves the tree")
+    if parts[0] == ".git":
+        raise SeriesError(f"{patch_name}: path {name!r} writes into .git")

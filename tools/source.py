@@ -1,0 +1,209 @@
+"""`fetch`: make a git work tree of vLLM at the pinned commit.
+
+Sources:
+- git: fetch only the pinned commit from the pin's repo (shallow when the
+  server allows it, a full fetch otherwise);
+- sdist: the PyPI sdist of the pinned release, sha256-verified, unpacked and
+  committed as the base of a fresh repository;
+- PATH: a local git checkout or mirror (fetched from like a remote), or a
+  local sdist file.
+`auto` tries git and falls back to the sdist with a one-line notice.
+
+The tree is built in a temporary directory beside its final place and
+renamed into place only when complete, so a failed fetch leaves nothing
+half-made. The base commit is tagged BASE_TAG and the work branch is BRANCH;
+the tree's git config records which upstream commit and release it holds.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools import cache, proc
+from tools.errors import CommandError, FetchError, TreeStateError
+from tools.pin import Pin
+
+log = logging.getLogger("smla.source")
+
+BASE_TAG = "smla-base"
+BRANCH = "smla"
+# Fixed dates make a base commit made from an sdist identical on every machine.
+FIXED_DATE = "2000-01-01T00:00:00+0000"
+FIXED_DATE_ENV = {"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE}
+
+
+@dataclass(frozen=True)
+class TreeInfo:
+    """What a work tree's git config says about it."""
+
+    path: Path
+    upstream_commit: str
+    version: str
+    source: str  # "git" or "sdist"
+    base: str  # commit id of BASE_TAG
+
+    def to_dict(self) -> dict:
+        return {
+            "path": str(self.path),
+            "upstream_commit": self.upstream_commit,
+            "version": self.version,
+            "source": self.source,
+            "base": self.base,
+        }
+
+
+def read_tree_info(tree: Path) -> TreeInfo | None:
+    """TreeInfo of an existing smla work tree, None when `tree` is not one."""
+    if not (tree / ".git").exists():
+        return None
+    cfg = proc.git(tree, "config", "--get-regexp", r"^smla\.", check=False).stdout
+    values = dict(line.split(" ", 1) for line in cfg.splitlines() if " " in line)
+    base = proc.git(tree, "rev-parse", "-q", "--verify", f"refs/tags/{BASE_TAG}^{{commit}}", check=False)
+    if "smla.upstream" not in values or base.returncode != 0:
+        return None
+    return TreeInfo(
+        path=tree,
+        upstream_commit=values["smla.upstream"],
+        version=values.get("smla.version", "?"),
+        source=values.get("smla.source", "?"),
+        base=base.stdout.strip(),
+    )
+
+
+def fetch(pin: Pin, tree: Path, source: str = "auto", *, force: bool = False, echo=print) -> TreeInfo:
+    """Ensure `tree` is a work tree at `pin`. Returns its TreeInfo."""
+    info = read_tree_info(tree)
+    if info is not None and not force:
+        if info.upstream_commit == pin.commit:
+            echo(f"work tree {tree} is already at vLLM {pin.version} ({pin.short}); nothing to fetch")
+            return info
+        raise TreeStateError(
+            f"work tree {tree} holds vLLM {info.version} ({info.upstream_commit[:12]}), "
+            f"but the pin is {pin.version} ({pin.short})",
+            hint="run `smla fetch --force` (or `make clean`) to replace it, or `smla rebase` to move the series",
+        )
+    if tree.exists() and info is None and any(tree.iterdir()):
+        raise TreeStateError(
+            f"{tree} exists and is not an smla work tree; refusing to touch it",
+            hint="choose another --tree, or remove that directory yourself",
+        )
+
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{tree.name}.", suffix=".fetching", dir=tree.parent))
+    try:
+        kind = _fill(pin, tmp, source, echo)
+        proc.git(tmp, "config", "smla.upstream", pin.commit)
+        proc.git(tmp, "config", "smla.version", pin.version)
+        proc.git(tmp, "config", "smla.source", kind)
+        if tree.exists():
+            shutil.rmtree(tree)
+        tmp.rename(tree)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    info = read_tree_info(tree)
+    assert info is not None
+    echo(f"fetched vLLM {pin.version} ({pin.short}) from {kind} into {tree}")
+    return info
+
+
+def _fill(pin: Pin, repo: Path, source: str, echo) -> str:
+    """Populate the empty dir `repo`; return the source kind used."""
+    if source == "git":
+        _from_git(pin.repo, pin.commit, repo)
+        return "git"
+    if source == "sdist":
+        _from_sdist(pin, sdist_path(pin), repo)
+        return "sdist"
+    if source == "auto":
+        try:
+            _from_git(pin.repo, pin.commit, repo)
+            return "git"
+        except FetchError as exc:
+            echo(f"git remote unreachable ({exc.message.splitlines()[0]}); using the PyPI sdist {pin.sdist}")
+            shutil.rmtree(repo / ".git", ignore_errors=True)
+            _from_sdist(pin, sdist_path(pin), repo)
+            return "sdist"
+    path = Path(source).expanduser()
+    if path.is_dir() and (path / ".git").exists() or path.suffix == ".git" and path.is_dir():
+        _from_git(str(path.resolve()), pin.commit, repo)
+        return "git"
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
+        _from_sdist(pin, path, repo, verify=True)
+        return "sdist"
+    raise FetchError(
+        f"--source {source!r}: not 'git', 'sdist', 'auto', a git checkout/mirror or an sdist file",
+    )
+
+
+def sdist_path(pin: Pin) -> Path:
+    """The verified cached sdist of the pinned release (downloaded when missing)."""
+    dest = cache.cache_dir() / "downloads" / pin.sdist
+    return cache.fetch(
+        lambda: cache.pypi_file("vllm", pin.sdist)[0], dest, pin.sdist_sha256, what=pin.sdist
+    )
+
+
+def _from_git(url: str, commit: str, repo: Path) -> None:
+    proc.git(repo, "init", "-q")
+    try:
+        shallow = proc.git(repo, "fetch", "-q", "--depth", "1", "--", url, commit, check=False, timeout=1800)
+        if shallow.returncode != 0:
+            if _unreachable(shallow.stderr):
+                raise FetchError(shallow.stderr.strip().splitlines()[-1] if shallow.stderr.strip() else "git fetch failed")
+            log.info("shallow fetch of %s refused; fetching the whole history", commit)
+            proc.git(repo, "fetch", "-q", "--", url, "+refs/heads/*:refs/remotes/upstream/*", timeout=7200)
+        found = proc.git(repo, "cat-file", "-e", f"{commit}^{{commit}}", check=False)
+        if found.returncode != 0:
+            raise FetchError(f"commit {commit} is not in {url}", hint="check the pin's commit and repo")
+    except CommandError as exc:
+        raise FetchError(f"git fetch from {url} failed: {exc.message}") from exc
+    proc.git(repo, "checkout", "-q", "-B", BRANCH, commit)
+    proc.git(repo, "tag", BASE_TAG, commit)
+
+
+def _unreachable(stderr: str) -> bool:
+    markers = ("Could not resolve host", "unable to access", "Connection refused", "timed out",
+               "does not appear to be a git repository", "Could not read from remote")
+    return any(m in stderr for m in markers)
+
+
+def unpack_sdist(archive: Path, dest: Path) -> None:
+    """Unpack an sdist's single top directory into `dest` (safe 'data' filter)."""
+    with tempfile.TemporaryDirectory(dir=dest.parent) as scratch:
+        try:
+            with tarfile.open(archive) as tf:
+                tf.extractall(scratch, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise FetchError(f"cannot unpack {archive}: {exc}", hint="delete it and fetch again") from exc
+        tops = list(Path(scratch).iterdir())
+        if len(tops) != 1 or not tops[0].is_dir():
+            raise FetchError(f"{archive.name}: expected one top-level directory in the sdist")
+        for item in tops[0].iterdir():
+            shutil.move(str(item), dest / item.name)
+
+
+def commit_snapshot(repo: Path, message: str) -> str:
+    """Commit every file of `repo` (ignored ones too) with fixed dates; return the id."""
+    proc.git(repo, "add", "--all", "--force", "--", ".")
+    proc.git(repo, "commit", "-q", "--allow-empty", "--no-verify", "-m", message, env=FIXED_DATE_ENV)
+    return proc.git_out(repo, "rev-parse", "HEAD")
+
+
+def _from_sdist(pin: Pin, archive: Path, repo: Path, *, verify: bool = False) -> None:
+    if verify:
+        from tools.fsutil import sha256_file
+
+        got = sha256_file(archive)
+        if got != pin.sdist_sha256:
+            from tools.errors import ChecksumError
+
+            raise ChecksumError(f"{archive}: sha256 {got} does not match the pin's {pin.sdist_sha256}")
+    unpack_sdist(archive, repo)
+    proc.git(repo, "init", "-q")
+    commit_snapshot(repo, f"vLLM {pin.version} (sdist {pin.sdist})\n\nUpstream-Commit: {pin.commit}\n")
+    proc.git(repo, "tag", BASE_TAG)
