@@ -120,7 +120,7 @@ def apply_series(series: Series, tree: Path, *, force: bool = False, fuzz: int =
         PatchOutcome(p.name, p.subject, ALREADY if p.name in applied else PENDING) for p in series.patches
     ]
     last_applied = max((i for i, o in enumerate(outcomes) if o.state == ALREADY), default=-1)
-    if any(o.state == PENDING for o in outcomes[:last_applied]):
+    if last_applied >= 0 and any(o.state == PENDING for o in outcomes[:last_applied]):
         raise TreeStateError(
             f"work tree {tree} has later patches applied but not earlier ones",
             hint="run `smla fetch --force` and `smla apply` to start from a clean base",

@@ -116,15 +116,18 @@ def parse_patch(path: Path) -> Patch:
     if diff_at < 0:
         raise SeriesError(f"{path.name}: no diff found (expected `diff --git` lines)")
     subject, body = _header(text[:diff_at], path.name)
+    # Paths first (before the parser, which may reject them for other reasons).
+    for m in re.finditer(
+        r"^(?:diff --git a/(\S+) b/(\S+)|(?:rename|copy) (?:from|to) (\S+)|--- (\S+)\n\+\+\+ (\S+))$", text, re.M
+    ):
+        for name in filter(None, m.groups()):
+            _check_path(name, path.name)
     try:
         patchset = unidiff.PatchSet(text[diff_at:])
     except unidiff.UnidiffParseError as exc:
         raise SeriesError(f"{path.name}: malformed diff: {exc}") from exc
     if not len(patchset):
         raise SeriesError(f"{path.name}: the diff changes no file")
-    for m in re.finditer(r"^(?:diff --git a/(\S+) b/(\S+)|(?:rename|copy) (?:from|to) (\S+))$", text, re.M):
-        for name in filter(None, m.groups()):
-            _check_path(name, path.name)
     files: list[str] = []
     hunks: list[Hunk] = []
     for pf in patchset:

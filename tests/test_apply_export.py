@@ -1,0 +1,242 @@
+"""apply / export / status / series validation on real temporary git repos."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tools import apply as apply_mod, export as export_mod, proc, series, source, status as status_mod
+from tools.cli import main
+from tools.errors import ApplyError, ExportError, SeriesError, TreeStateError
+
+from gitfixtures import commit_change, make_project, make_upstream, pin_for
+
+quiet = dict(echo=lambda *_: None)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    """A project with a 3-patch series exported from a real tree, and a fresh tree at the base."""
+    upstream, commit = make_upstream(tmp_path)
+    root = make_project(tmp_path, str(upstream), commit)
+    authoring = tmp_path / "authoring"
+    pin = pin_for(upstream, commit)
+    source.fetch(pin, authoring, "git", **quiet)
+    cuda = (authoring / "vllm/platforms/cuda.py").read_text()
+    commit_change(authoring, {"vllm/ops/kernel.py": "def k():\n    return 1\n"}, "Add the kernel module",
+                  "Why: the backend needs a kernel.")
+    commit_change(authoring, {"vllm/registry.py": "A = 1\nB = 2\nSPARSE = 9\nC = 3\n"}, "Register the backend")
+    commit_change(authoring, {"vllm/platforms/cuda.py": cuda.replace("line 20\n", "line 20\nSPARSE\n")},
+                  "Prefer the backend on CUDA")
+    export_mod.export(authoring, root / "patches")
+    tree = tmp_path / "work" / "vllm"
+    source.fetch(pin, tree, "git", **quiet)
+    return root, tree, pin
+
+
+def load(root: Path) -> series.Series:
+    return series.load(root / "patches")
+
+
+def subjects(tree: Path) -> list[str]:
+    return [s for _, s in apply_mod.commits_above_base(tree)]
+
+
+def test_apply_commits_one_per_patch_and_rerun_is_noop(setup):
+    root, tree, _ = setup
+    result = apply_mod.apply_series(load(root), tree, **quiet)
+    assert [o.state for o in result.outcomes] == ["applied"] * 3
+    assert subjects(tree) == ["Add the kernel module", "Register the backend", "Prefer the backend on CUDA"]
+    body = proc.git_out(tree, "log", "-1", "--format=%b", "HEAD~2")
+    assert body == "Why: the backend needs a kernel."
+    head = proc.git_out(tree, "rev-parse", "HEAD")
+    said = []
+    again = apply_mod.apply_series(load(root), tree, echo=said.append)
+    assert [o.state for o in again.outcomes] == ["already-applied"] * 3
+    assert "nothing to do" in said[0]
+    assert proc.git_out(tree, "rev-parse", "HEAD") == head
+
+
+def test_applied_commit_ids_are_reproducible(setup, tmp_path):
+    root, tree, pin = setup
+    apply_mod.apply_series(load(root), tree, **quiet)
+    other = tmp_path / "other"
+    source.fetch(pin, other, "git", **quiet)
+    apply_mod.apply_series(load(root), other, **quiet)
+    assert proc.git_out(tree, "rev-parse", "HEAD") == proc.git_out(other, "rev-parse", "HEAD")
+
+
+def test_partly_applied_tree_gets_the_rest(setup):
+    root, tree, _ = setup
+    apply_mod.apply_series(load(root), tree, **quiet)
+    proc.git(tree, "reset", "-q", "--hard", "HEAD~2")
+    result = apply_mod.apply_series(load(root), tree, **quiet)
+    assert [o.state for o in result.outcomes] == ["already-applied", "applied", "applied"]
+    assert len(subjects(tree)) == 3
+
+
+def test_conflict_names_patch_file_hunk_and_leaves_tree_untouched(setup):
+    root, tree, _ = setup
+    # upstream moved under the third patch: change the lines its hunk needs, as a base-level edit
+    cuda = tree / "vllm/platforms/cuda.py"
+    cuda.write_text(cuda.read_text().replace("line 19\n", "line nineteen\n"))
+    proc.git(tree, "commit", "-qam", "local drift")
+    proc.git(tree, "tag", "-f", "smla-base")
+    head = proc.git_out(tree, "rev-parse", "HEAD")
+    with pytest.raises(ApplyError) as err:
+        apply_mod.apply_series(load(root), tree, **quiet)
+    msg = err.value.message
+    assert "0003-Prefer-the-backend-on-CUDA.patch" in msg
+    assert "vllm/platforms/cuda.py" in msg and "hunk #1" in msg and "line 17" in msg
+    assert str(tree) in err.value.hint
+    # all or nothing: the first two patches (which would apply) were not committed either
+    assert proc.git_out(tree, "rev-parse", "HEAD") == head
+    assert apply_mod.dirty_files(tree) == []
+    assert proc.git_out(tree, "worktree", "list").count("\n") == 0
+
+
+def test_dirty_tree_is_refused_unless_forced(setup):
+    root, tree, _ = setup
+    (tree / "README.md").write_text("my edit\n")
+    with pytest.raises(TreeStateError, match="uncommitted changes"):
+        apply_mod.apply_series(load(root), tree, **quiet)
+    assert subjects(tree) == []
+    apply_mod.apply_series(load(root), tree, force=True, **quiet)
+    assert len(subjects(tree)) == 3 and (tree / "README.md").read_text() == "my edit\n"
+
+
+def test_patch_already_upstream_is_reported_not_reapplied(setup, tmp_path):
+    root, tree, _ = setup
+    # the registry change landed upstream: make the base contain it
+    (tree / "vllm/registry.py").write_text("A = 1\nB = 2\nSPARSE = 9\nC = 3\n")
+    proc.git(tree, "commit", "-qam", "upstream merged it")
+    proc.git(tree, "tag", "-f", "smla-base")
+    result = apply_mod.apply_series(load(root), tree, **quiet)
+    assert [o.state for o in result.outcomes] == ["applied", "upstream", "applied"]
+    assert (tree / "vllm/registry.py").read_text().count("SPARSE") == 1
+
+
+def test_export_is_byte_stable_and_reproduces_the_series(setup):
+    root, tree, _ = setup
+    patches = root / "patches"
+    before = {p.name: p.read_bytes() for p in patches.iterdir()}
+    mtimes = {p.name: p.stat().st_mtime_ns for p in patches.iterdir()}
+    apply_mod.apply_series(load(root), tree, **quiet)
+    result = export_mod.export(tree, patches)
+    assert result.written == [] and len(result.unchanged) == 3
+    assert {p.name: p.read_bytes() for p in patches.iterdir()} == before
+    assert {p.name: p.stat().st_mtime_ns for p in patches.iterdir()} == mtimes
+    text = (patches / "0001-Add-the-kernel-module.patch").read_text()
+    assert text.startswith("From 0000000000000000000000000000000000000000 ")
+    assert "Subject: [PATCH] Add the kernel module" in text and "\n-- \n" not in text
+
+
+def test_export_after_edit_rewrites_only_changed_files_and_drops_stale(setup):
+    root, tree, _ = setup
+    apply_mod.apply_series(load(root), tree, **quiet)
+    proc.git(tree, "reset", "-q", "--hard", "HEAD~1")  # drop patch 3
+    commit_change(tree, {"vllm/registry.py": "A = 1\nB = 2\nSPARSE = 10\nC = 3\n"}, "Tune the registry")
+    result = export_mod.export(tree, root / "patches")
+    assert result.unchanged == ["0001-Add-the-kernel-module.patch", "0002-Register-the-backend.patch"]
+    assert result.written == ["0003-Tune-the-registry.patch"]
+    assert result.removed == ["0003-Prefer-the-backend-on-CUDA.patch"]
+    assert (root / "patches/series").read_text().splitlines()[-1] == "0003-Tune-the-registry.patch"
+
+
+def test_empty_export_is_refused(setup):
+    root, tree, _ = setup
+    with pytest.raises(ExportError, match="nothing to export"):
+        export_mod.export(tree, root / "patches")
+    assert len(load(root).patches) == 3
+
+
+def test_status_reports_patches_and_local_edits(setup):
+    root, tree, pin = setup
+    apply_mod.apply_series(load(root), tree, **quiet)
+    s = status_mod.status(pin, tree, load(root))
+    assert [p["state"] for p in s["patches"]] == ["already-applied"] * 3
+    assert s["matches_pin"] and s["uncommitted"] == [] and s["unexported"] == [] and s["local_commits"] == []
+    commit_change(tree, {"vllm/new.py": "x = 1\n"}, "A local fix")
+    (tree / "README.md").write_text("dirty\n")
+    s = status_mod.status(pin, tree, load(root))
+    assert s["local_commits"][0]["subject"] == "A local fix"
+    assert s["unexported"] == ["0004-A-local-fix.patch"]
+    assert s["uncommitted"] == ["README.md"]
+
+
+# --- series validation -----------------------------------------------------
+
+def _write_patch(root: Path, name: str, diff: str, subject: str = "A patch") -> None:
+    (root / "patches" / name).write_text(
+        f"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+        f"From: t <t@t>\nDate: Sat, 1 Jan 2000 00:00:00 +0000\nSubject: [PATCH] {subject}\n\nWhy.\n---\n{diff}"
+    )
+    (root / "patches" / "series").write_text(name + "\n")
+
+
+def test_path_traversal_patch_is_rejected(tmp_path):
+    root = make_project(tmp_path, "x", "0" * 40)
+    _write_patch(root, "0001-evil.patch",
+                 "diff --git a/../outside.txt b/../outside.txt\nnew file mode 100644\n--- /dev/null\n"
+                 "+++ b/../outside.txt\n@@ -0,0 +1 @@\n+pwned\n")
+    with pytest.raises(SeriesError, match="leaves the tree"):
+        series.load(root / "patches")
+    _write_patch(root, "0001-abs.patch",
+                 "diff --git a/etc/x b/etc/x\n--- /etc/x\n+++ /etc/x\n@@ -1 +1 @@\n-a\n+b\n")
+    (root / "patches" / "0001-evil.patch").unlink()
+    with pytest.raises(SeriesError, match="absolute path"):
+        series.load(root / "patches")
+
+
+def test_malformed_hunk_is_rejected(tmp_path):
+    root = make_project(tmp_path, "x", "0" * 40)
+    _write_patch(root, "0001-bad.patch",
+                 "diff --git a/f.txt b/f.txt\n--- a/f.txt\n+++ b/f.txt\n@@ -1,5 +1,5 @@\n-a\n+b\n")
+    with pytest.raises(SeriesError, match="malformed diff"):
+        series.load(root / "patches")
+
+
+def test_series_and_directory_must_agree(setup):
+    root, _, _ = setup
+    (root / "patches" / "0009-stray.patch").write_text("x")
+    with pytest.raises(SeriesError, match="not in series: 0009-stray.patch"):
+        load(root)
+    (root / "patches" / "0009-stray.patch").unlink()
+    (root / "patches" / "0002-Register-the-backend.patch").unlink()
+    with pytest.raises(SeriesError, match="missing: 0002-Register-the-backend.patch"):
+        load(root)
+
+
+def test_write_through_symlink_is_refused(setup, tmp_path):
+    root, tree, _ = setup
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tree / "vllm" / "ops").symlink_to(outside)
+    proc.git(tree, "add", "-A")
+    proc.git(tree, "commit", "-qm", "symlink")
+    proc.git(tree, "tag", "-f", "smla-base")
+    with pytest.raises(SeriesError, match="symlink"):
+        apply_mod.apply_series(load(root), tree, **quiet)
+    assert list(outside.iterdir()) == []
+
+
+# --- CLI edge ----------------------------------------------------------------
+
+def test_cli_exit_codes_and_hints(setup):
+    root, tree, _ = setup
+    runner = CliRunner()
+    ok = runner.invoke(main, ["--root", str(root), "--tree", str(tree), "apply"])
+    assert ok.exit_code == 0, ok.output
+    assert "patched tree:" in ok.output
+    (tree / "README.md").write_text("dirty\n")
+    proc.git(tree, "reset", "-q", "--hard", "smla-base")
+    (tree / "README.md").write_text("dirty\n")
+    dirty = runner.invoke(main, ["--root", str(root), "--tree", str(tree), "apply"])
+    assert dirty.exit_code == TreeStateError.exit_code
+    assert "error:" in dirty.output and "hint:" in dirty.output
+    missing = runner.invoke(main, ["--root", str(root), "--tree", str(root / "nope"), "status"])
+    assert missing.exit_code == TreeStateError.exit_code and "smla fetch" in missing.output
+    js = runner.invoke(main, ["--root", str(root), "--tree", str(tree), "status", "--json"])
+    assert js.exit_code == 0 and '"uncommitted"' in js.output

@@ -1,0 +1,199 @@
+"""fetch: git remotes, sdists, the download cache and the pin file (real git, local HTTP)."""
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from tools import cache, pin as pin_mod, proc, source
+from tools.errors import ChecksumError, FetchError, PinError, TreeStateError
+
+from gitfixtures import make_sdist, make_upstream, pin_for
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    routes: dict = {}
+
+    def do_GET(self):  # noqa: N802
+        body, mode = self.routes.get(self.path, (None, None))
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if mode == "truncate":
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.connection.shutdown(2)
+            return
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def index(monkeypatch, tmp_path):
+    """A local package index; returns (base_url, routes dict to fill)."""
+    routes: dict = {}
+    handler = type("H", (_Handler,), {"routes": routes})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    monkeypatch.setenv("SMLA_INDEX_URL", base + "/simple")
+    monkeypatch.setenv("SMLA_CACHE_DIR", str(tmp_path / "cache"))
+    yield base, routes
+    server.shutdown()
+
+
+def _publish(routes, base, name: str, data: bytes, sha: str, mode=None):
+    routes["/simple/vllm/"] = (json.dumps({"files": [{"filename": name, "url": f"{base}/files/{name}",
+                                                       "hashes": {"sha256": sha}}]}).encode(), None)
+    routes[f"/files/{name}"] = (data, mode)
+
+
+def _cache_leftovers(tmp_path: Path) -> list[str]:
+    d = tmp_path / "cache" / "downloads"
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+# --- pin ------------------------------------------------------------------
+
+def test_pin_loads_and_rejects_bad_values(tmp_path):
+    good = Path(__file__).resolve().parents[1] / "vllm-pin.txt"
+    p = pin_mod.load(good)
+    assert p.commit == "89a77b10846fd96273cce78d86d2556ea582d26e" and p.version == "0.16.0"
+    bad = tmp_path / "pin.txt"
+    text = good.read_text()
+    bad.write_text(text.replace(p.commit, "89a77b1"))
+    with pytest.raises(PinError, match="40 lowercase hex"):
+        pin_mod.load(bad)
+    bad.write_text(text + "colour = blue\n")
+    with pytest.raises(PinError, match="unknown key 'colour'"):
+        pin_mod.load(bad)
+    bad.write_text("\n".join(l for l in text.splitlines() if not l.startswith("sdist_sha256")))
+    with pytest.raises(PinError, match="missing key"):
+        pin_mod.load(bad)
+
+
+def test_pin_save_keeps_comments(tmp_path):
+    src = Path(__file__).resolve().parents[1] / "vllm-pin.txt"
+    path = tmp_path / "pin.txt"
+    path.write_text(src.read_text())
+    p = pin_mod.load(path)
+    pin_mod.save(path, p.with_changes(version="0.17.0"))
+    assert pin_mod.load(path).version == "0.17.0"
+    assert [l for l in path.read_text().splitlines() if l.startswith("#")] == \
+        [l for l in src.read_text().splitlines() if l.startswith("#")]
+
+
+# --- git source -----------------------------------------------------------
+
+def test_fetch_from_local_remote_then_rerun_is_noop(tmp_path):
+    upstream, commit = make_upstream(tmp_path)
+    tree = tmp_path / "work" / "vllm"
+    info = source.fetch(pin_for(upstream, commit), tree, "git", echo=lambda *_: None)
+    assert info.upstream_commit == commit and info.source == "git"
+    assert proc.git_out(tree, "rev-parse", "smla-base") == commit
+    assert (tree / "vllm" / "registry.py").read_text() == "A = 1\nB = 2\nC = 3\n"
+    said = []
+    source.fetch(pin_for(upstream, commit), tree, "git", echo=said.append)
+    assert "nothing to fetch" in said[0]
+
+
+def test_fetch_refuses_tree_at_other_commit_unless_forced(tmp_path):
+    upstream, first = make_upstream(tmp_path)
+    tree = tmp_path / "tree"
+    source.fetch(pin_for(upstream, first), tree, "git", echo=lambda *_: None)
+    (upstream / "README.md").write_text("next\n")
+    proc.git(upstream, "commit", "-qam", "next")
+    second = proc.git_out(upstream, "rev-parse", "HEAD")
+    with pytest.raises(TreeStateError, match="but the pin is"):
+        source.fetch(pin_for(upstream, second), tree, "git", echo=lambda *_: None)
+    info = source.fetch(pin_for(upstream, second), tree, "git", force=True, echo=lambda *_: None)
+    assert info.upstream_commit == second and (tree / "README.md").read_text() == "next\n"
+
+
+def test_fetch_unknown_commit_fails_and_leaves_nothing(tmp_path):
+    upstream, _ = make_upstream(tmp_path)
+    tree = tmp_path / "tree"
+    with pytest.raises(FetchError):
+        source.fetch(pin_for(upstream, "1" * 40), tree, "git", echo=lambda *_: None)
+    assert not tree.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tree")]
+
+
+def test_fetch_refuses_foreign_directory(tmp_path):
+    upstream, commit = make_upstream(tmp_path)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "mine.txt").write_text("keep me")
+    with pytest.raises(TreeStateError, match="not an smla work tree"):
+        source.fetch(pin_for(upstream, commit), tree, "git", echo=lambda *_: None)
+    assert (tree / "mine.txt").read_text() == "keep me"
+
+
+# --- sdist source ---------------------------------------------------------
+
+def test_auto_falls_back_to_sdist_when_remote_unreachable(tmp_path, index):
+    base, routes = index
+    sdist, sha = make_sdist(tmp_path)
+    _publish(routes, base, sdist.name, sdist.read_bytes(), sha)
+    said = []
+    tree = tmp_path / "tree"
+    info = source.fetch(pin_for("http://127.0.0.1:9/nowhere.git", "2" * 40, sha), tree, "auto", echo=said.append)
+    assert info.source == "sdist" and info.upstream_commit == "2" * 40
+    assert any("unreachable" in s and "sdist" in s for s in said)
+    assert (tree / "vllm" / "registry.py").is_file()
+    assert proc.git(tree, "status", "--porcelain").stdout == ""
+    # the base commit of an sdist is reproducible: same content, same id
+    tree2 = tmp_path / "tree2"
+    source.fetch(pin_for("http://127.0.0.1:9/nowhere.git", "2" * 40, sha), tree2, "sdist", echo=lambda *_: None)
+    assert source.read_tree_info(tree2).base == info.base
+    # second fetch into a new tree used the cache: the index may be gone
+    routes.clear()
+    tree3 = tmp_path / "tree3"
+    source.fetch(pin_for("x", "2" * 40, sha), tree3, "sdist", echo=lambda *_: None)
+
+
+def test_sdist_checksum_mismatch_leaves_no_cache_file(tmp_path, index):
+    base, routes = index
+    sdist, sha = make_sdist(tmp_path)
+    _publish(routes, base, sdist.name, b"not the sdist" * 100, sha)
+    with pytest.raises(ChecksumError, match="sha256 mismatch"):
+        source.fetch(pin_for("x", "3" * 40, sha), tmp_path / "tree", "sdist", echo=lambda *_: None)
+    assert _cache_leftovers(tmp_path) == []
+    assert not (tmp_path / "tree").exists()
+
+
+def test_interrupted_download_leaves_no_corrupt_cache(tmp_path, index):
+    base, routes = index
+    sdist, sha = make_sdist(tmp_path)
+    _publish(routes, base, sdist.name, sdist.read_bytes() * 50, sha, mode="truncate")
+    with pytest.raises(FetchError):
+        cache.fetch(f"{base}/files/{sdist.name}", tmp_path / "cache" / "downloads" / sdist.name, sha, quiet=True)
+    assert _cache_leftovers(tmp_path) == []
+
+
+def test_corrupt_cached_file_is_replaced(tmp_path, index):
+    base, routes = index
+    sdist, sha = make_sdist(tmp_path)
+    _publish(routes, base, sdist.name, sdist.read_bytes(), sha)
+    dest = tmp_path / "cache" / "downloads" / sdist.name
+    dest.parent.mkdir(parents=True)
+    dest.write_bytes(b"garbage")
+    cache.fetch(lambda: cache.pypi_file("vllm", sdist.name)[0], dest, sha, quiet=True)
+    assert dest.read_bytes() == sdist.read_bytes()
+
+
+def test_local_sdist_path_is_verified(tmp_path):
+    sdist, sha = make_sdist(tmp_path)
+    with pytest.raises(ChecksumError):
+        source.fetch(pin_for("x", "4" * 40, "f" * 64), tmp_path / "tree", str(sdist), echo=lambda *_: None)
+    info = source.fetch(pin_for("x", "4" * 40, sha), tmp_path / "tree", str(sdist), echo=lambda *_: None)
+    assert info.source == "sdist"
