@@ -8,7 +8,8 @@ REQS     := requirements/dev.txt $(wildcard requirements/vllm-import.txt)
 SMLA     := $(BIN)/smla
 PYTEST   := $(BIN)/python -m pytest
 
-.PHONY: help venv patch status export test test-gpu clean
+.PHONY: help venv patch status export test test-gpu clean rebase
+.PHONY: build-wheel test-wheel
 
 help:
 	@echo "make patch        fetch the pinned vLLM and apply patches/series (tree: work/vllm)"
@@ -16,6 +17,9 @@ help:
 	@echo "make test-gpu     GPU tests (needs CUDA)"
 	@echo "make status       where the work tree stands"
 	@echo "make export       regenerate patches/ from the work tree's commits"
+	@echo "make rebase ONTO=<commit|version>  carry the series onto a newer vLLM (ARGS=--continue / ARGS=--abort)"
+	@echo "make build-wheel  patched vLLM wheel in dist/ (WHEEL_ARGS=\"--from-source\" etc., see docs/build-wheel.md)"
+	@echo "make test-wheel   opt-in check of build-wheel on the real official wheel (500 MB)"
 	@echo "make clean        remove the work tree, dist/ and the virtualenv"
 
 $(STAMP): $(REQS) pyproject.toml
@@ -36,11 +40,21 @@ status: $(STAMP)
 export: $(STAMP)
 	$(SMLA) export $(ARGS)
 
+rebase: $(STAMP)
+	$(SMLA) rebase $(if $(ONTO),--onto $(ONTO)) $(ARGS)
+
 test: patch
 	$(PYTEST) -m "not gpu" $(PYTEST_ARGS)
 
 test-gpu: patch
 	$(PYTEST) -m gpu $(PYTEST_ARGS)
+
+# WHEEL_ARGS, not ARGS: the `patch` prerequisite already passes $(ARGS) to `smla patch`.
+build-wheel: patch
+	$(SMLA) build-wheel $(WHEEL_ARGS)
+
+test-wheel: patch
+	SMLA_REAL_WHEEL=1 $(PYTEST) tests/test_wheel_real.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf work dist $(VENV)

@@ -141,5 +141,87 @@ def export(c: Ctx, allow_dirty, as_json):
     click.echo(report.to_json(data) if as_json else report.export_text(data), nl=False)
 
 
+@main.command("build-wheel")
+@click.option("--base-wheel", type=click.Path(dir_okay=False, path_type=Path),
+              help="Official vLLM wheel of the pinned release to start from (default: from PyPI, cached).")
+@click.option("--from-source", is_flag=True,
+              help="Build through vLLM's setup.py (python-only: precompiled binaries from the official wheel).")
+@click.option("--full-cuda-build", is_flag=True, help="With --from-source: compile csrc/ too (needs nvcc).")
+@click.option("--python", "python", type=click.Path(dir_okay=False, path_type=Path),
+              help="Interpreter for --from-source: an env with torch 2.9.1 (CUDA) and vLLM's build requirements "
+                   "(default: this one).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Output directory (default: <root>/dist).")
+@click.option("--allow-unexported", is_flag=True,
+              help="Build even though the tree's commits differ from patches/ (the label may then lie).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@pass_ctx
+@_handle_errors
+def build_wheel(c: Ctx, base_wheel, from_source, full_cuda_build, python, out_dir, allow_unexported, as_json):
+    """A vLLM wheel with the series in it, version <release>+sparsemla.<series hash>.
+
+    Default: the official wheel with the changed vllm/ files swapped in
+    (refused when the series touches csrc/ or build files: use --from-source).
+    """
+    from tools import wheel as wheel_mod
+    from tools.errors import UsageError
+
+    s = series.load(c.project.patches_dir, allow_empty=True)
+    echo = (lambda *_: None) if as_json else click.echo
+    kwargs = dict(base_wheel=base_wheel, allow_unexported=allow_unexported, quiet=as_json, echo=echo)
+    dest = out_dir or c.project.dist_dir
+    if from_source or full_cuda_build:
+        result = wheel_mod.build_from_source(c.project.pin(), s, c.tree, dest, full_cuda=full_cuda_build,
+                                             python=str(python) if python else None, **kwargs)
+    elif python:
+        raise UsageError("--python only applies to --from-source")
+    else:
+        result = wheel_mod.build_overlay(c.project.pin(), s, c.tree, dest, **kwargs)
+    data = result.to_dict()
+    click.echo(report.to_json(data) if as_json else wheel_mod.summary_text(data), nl=False)
+
+
+@main.command()
+@click.option("--onto", metavar="COMMIT|VERSION",
+              help="New base: an upstream commit id (fetched from the pin's repo or --source) "
+                   "or a release version such as 0.17.0 (its PyPI sdist).")
+@click.option("--continue", "continue_", is_flag=True, help="Resume after resolving a conflict.")
+@click.option("--abort", is_flag=True, help="Undo a stopped rebase: tree, pin file and patches/ as before.")
+@click.option("--source", "source_", default="auto", show_default=True, metavar="auto|git|sdist|PATH",
+              help="Where commits come from (the pin's repo, or a local mirror PATH); also used to fetch "
+                   "the pinned tree when it is missing.")
+@click.option("--upstream-commit", metavar="SHA",
+              help="Full commit id of a version target, when neither the sdist nor a mirror gives it.")
+@click.option("--test", "run_tests", is_flag=True, help="Run the CPU suite against the rebased tree.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report.")
+@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write rebase-report.{json,md,txt} there.")
+@pass_ctx
+@_handle_errors
+def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, as_json, report_dir):
+    """Carry the series onto a newer vLLM (three-way), update the pin, re-export patches/.
+
+    Exit 0: rebased cleanly; 11: stopped on a conflict (resolve, then --continue,
+    or --abort); others: errors. See docs/rebase.md.
+    """
+    from tools import rebase as rebase_mod
+    from tools.errors import UsageError
+
+    if sum(map(bool, (onto, continue_, abort))) != 1:
+        raise UsageError("give exactly one of --onto COMMIT|VERSION, --continue, --abort")
+    echo = (lambda *_: None) if as_json else click.echo
+    if abort:
+        result = rebase_mod.abort(c.project, c.tree, echo=echo)
+    elif continue_:
+        result = rebase_mod.continue_(c.project, c.tree, run_tests=run_tests, echo=echo)
+    else:
+        result = rebase_mod.start(c.project, c.tree, onto, source_spec=source_, upstream_commit=upstream_commit,
+                                  run_tests=run_tests, echo=echo)
+    if report_dir:
+        rebase_mod.write_reports(result, report_dir)
+    click.echo(report.to_json(result.to_dict()) if as_json else rebase_mod.text(result), nl=False)
+    result.raise_for_status()
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,305 @@
+"""`smla rebase` on small synthetic repositories (fast, offline).
+
+An "upstream" git repo serves as the mirror. Base C0 holds five files; the
+series has one patch per file, made in a tree and exported with
+export.export. C1 moves upstream so that each patch lands in a different
+outcome class; C2 adds a conflict on top of C1.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tools import cache, proc, source
+from tools import export as export_mod
+from tools.cli import main
+
+LINES = [f"line {i}" for i in range(1, 41)]
+
+
+def _write(repo: Path, name: str, lines: list[str]) -> None:
+    (repo / name).write_text("\n".join(lines) + "\n")
+
+
+def _commit(repo: Path, msg: str) -> str:
+    proc.git(repo, "add", "--all", "--", ".")
+    proc.git(repo, "commit", "-q", "-m", msg)
+    return proc.git_out(repo, "rev-parse", "HEAD")
+
+
+def _edit(lines: list[str], **changes: str) -> list[str]:
+    out = list(lines)
+    for key, value in changes.items():
+        out[int(key[1:]) - 1] = value
+    return out
+
+
+PIN_TEXT = """# test pin
+repo = {repo}
+commit = {commit}
+version = 0.0.1
+sdist = vllm-0.0.1.tar.gz
+sdist_sha256 = {sha}
+"""
+
+
+@pytest.fixture()
+def world(tmp_path, monkeypatch):
+    """Upstream mirror (C0, C1 clean, C2 conflicting), a toolkit root with pin + patches, a patched tree."""
+    monkeypatch.setenv("SMLA_CACHE_DIR", str(tmp_path / "cache"))
+    up = tmp_path / "upstream"
+    up.mkdir()
+    proc.git(up, "init", "-q")
+    for name in "abcde":
+        _write(up, f"{name}.py", LINES)
+    c0 = _commit(up, "C0")
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "vllm-pin.txt").write_text(PIN_TEXT.format(repo=up, commit=c0, sha="0" * 64))
+    tree = root / "work" / "vllm"
+    from tools.pin import load
+
+    source.fetch(load(root / "vllm-pin.txt"), tree, str(up), echo=lambda *_: None)
+    # The series: one patch per file.
+    _write(tree, "a.py", _edit(LINES, l5="A patched"))
+    _commit(tree, "Patch a: unchanged")
+    _write(tree, "b.py", _edit(LINES, l20="B patched"))
+    _commit(tree, "Patch b: offsets")
+    _write(tree, "c.py", _edit(LINES, l20="C patched"))
+    _commit(tree, "Patch c: merged")
+    _write(tree, "d.py", _edit(LINES, l10="D patched"))
+    _commit(tree, "Patch d: upstream")
+    _write(tree, "e.py", _edit(LINES, l30="E patched"))
+    _commit(tree, "Patch e: conflicts")
+    export_mod.export(tree, root / "patches")
+
+    # C1: b gets lines on top (offsets), c changes a context line (3-way),
+    # d takes the patch's change (upstream); a and e untouched.
+    _write(up, "b.py", ["new 1", "new 2", "new 3", *LINES])
+    _write(up, "c.py", _edit(LINES, l18="c upstream"))
+    _write(up, "d.py", _edit(LINES, l10="D patched"))
+    c1 = _commit(up, "C1")
+    _write(up, "e.py", _edit(LINES, l30="E upstream"))
+    c2 = _commit(up, "C2")
+    return {"up": up, "root": root, "tree": tree, "c0": c0, "c1": c1, "c2": c2}
+
+
+def smla(world, *args: str):
+    res = CliRunner().invoke(main, ["--root", str(world["root"]), "--tree", str(world["tree"]), "rebase", *args])
+    return res
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    files = {"vllm-pin.txt": (root / "vllm-pin.txt").read_bytes()}
+    for f in sorted((root / "patches").iterdir()):
+        files[f"patches/{f.name}"] = f.read_bytes()
+    return files
+
+
+def outcomes(data: dict) -> dict[str, str]:
+    return {p["subject"].split(":")[0]: p["outcome"] for p in data["patches"]}
+
+
+def test_clean_rebase_classifies_every_patch(world, tmp_path):
+    res = smla(world, "--onto", world["c1"], "--source", str(world["up"]), "--json",
+               "--report-dir", str(tmp_path / "rep"))
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert outcomes(data) == {"Patch a": "unchanged", "Patch b": "offsets", "Patch c": "merged",
+                              "Patch d": "upstream", "Patch e": "unchanged"}
+    assert data["status"] == "clean"
+    assert data["pin"]["after"]["commit"] == world["c1"] and data["pin"]["changed"]
+    b = next(p for p in data["patches"] if p["subject"].startswith("Patch b"))
+    assert b["offsets"] and "offset 3 lines" in b["offsets"][0]
+    # pin, tag, tree config and patches/ follow the new base
+    root, tree = world["root"], world["tree"]
+    assert f"commit = {world['c1']}" in (root / "vllm-pin.txt").read_text()
+    assert (root / "vllm-pin.txt").read_text().startswith("# test pin")
+    assert proc.git_out(tree, "rev-parse", f"{source.BASE_TAG}^{{commit}}") == world["c1"]
+    assert source.read_tree_info(tree).upstream_commit == world["c1"]
+    assert proc.git_out(tree, "symbolic-ref", "--short", "HEAD") == source.BRANCH
+    series = (root / "patches" / "series").read_text().split()
+    assert len(series) == 4 and not any("upstream" in n for n in series)
+    assert not (tree / ".git" / "smla-rebase").exists()
+    # the exported series applies to the new base exactly (re-apply from scratch)
+    fresh = tmp_path / "fresh"
+    proc.git(tmp_path, "clone", "-q", "--", str(world["up"]), str(fresh))
+    proc.git(fresh, "checkout", "-q", world["c1"])
+    for name in series:
+        proc.git(fresh, "apply", "--check", "--", str(root / "patches" / name))
+        proc.git(fresh, "apply", "--", str(root / "patches" / name))
+    # reports
+    md = (tmp_path / "rep" / "rebase-report.md").read_text()
+    assert "| `0003-Patch-c-merged.patch` |" in md and "**merged**" in md and "vllm-pin.txt" in md
+    assert json.loads((tmp_path / "rep" / "rebase-report.json").read_text())["status"] == "clean"
+    assert "unchanged" in (tmp_path / "rep" / "rebase-report.txt").read_text()
+
+
+def test_conflict_then_continue(world, tmp_path):
+    before = snapshot(world["root"])
+    res = smla(world, "--onto", world["c2"], "--source", str(world["up"]), "--report-dir", str(tmp_path / "rep"))
+    assert res.exit_code == 11, res.output
+    assert "conflict" in res.output and "e.py" in res.output
+    data = json.loads((tmp_path / "rep" / "rebase-report.json").read_text())
+    e = next(p for p in data["patches"] if p["subject"].startswith("Patch e"))
+    assert e["outcome"] == "conflict" and e["files"] == ["e.py"] and "hunk #1 of e.py" in e["hunks"][0]
+    assert data["stopped_at"] == e["name"]
+    assert snapshot(world["root"]) == before  # nothing published yet
+    tree = world["tree"]
+    assert (tree / ".git" / "smla-rebase" / "state.json").is_file()
+    assert "<<<<<<<" in (tree / "e.py").read_text()
+    # a second start is refused while stopped
+    again = smla(world, "--onto", world["c2"], "--source", str(world["up"]))
+    assert again.exit_code == 7
+    # continuing with the conflict unresolved is refused
+    assert smla(world, "--continue").exit_code == 11
+    _write(tree, "e.py", _edit(LINES, l30="E patched on top of upstream"))
+    proc.git(tree, "add", "--", "e.py")
+    res = smla(world, "--continue", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert outcomes(data)["Patch e"] == "resolved"
+    assert data["pin"]["after"]["commit"] == world["c2"]
+    last = (world["root"] / "patches" / "0004-Patch-e-conflicts.patch").read_text()
+    assert "+E patched on top of upstream" in last and "-E upstream" in last
+    assert not (tree / ".git" / "smla-rebase").exists()
+
+
+def test_conflict_then_abort_restores_bytes(world):
+    before = snapshot(world["root"])
+    tree = world["tree"]
+    head = proc.git_out(tree, "rev-parse", "HEAD")
+    base = proc.git_out(tree, "rev-parse", f"{source.BASE_TAG}^{{commit}}")
+    assert smla(world, "--onto", world["c2"], "--source", str(world["up"])).exit_code == 11
+    # the user fiddles with patches/ and the pin in the meantime
+    (world["root"] / "patches" / "0001-Patch-a-unchanged.patch").write_text("garbage")
+    (world["root"] / "patches" / "stray.txt").write_text("x")
+    (world["root"] / "vllm-pin.txt").write_text("broken")
+    res = smla(world, "--abort")
+    assert res.exit_code == 0, res.output
+    assert snapshot(world["root"]) == before
+    assert proc.git_out(tree, "rev-parse", "HEAD") == head
+    assert proc.git_out(tree, "rev-parse", f"{source.BASE_TAG}^{{commit}}") == base
+    assert proc.git_out(tree, "symbolic-ref", "--short", "HEAD") == source.BRANCH
+    assert proc.git(tree, "status", "--porcelain").stdout == ""
+    assert "smla-rebase" not in proc.git_out(tree, "branch", "--list")
+    assert source.read_tree_info(tree).upstream_commit == world["c0"]
+    assert smla(world, "--abort").exit_code == 7  # nothing left to abort
+
+
+def test_skip_during_conflict_reports_skipped(world):
+    assert smla(world, "--onto", world["c2"], "--source", str(world["up"])).exit_code == 11
+    proc.git(world["tree"], "am", "--skip")
+    res = smla(world, "--continue", "--json")
+    assert res.exit_code == 0, res.output
+    assert outcomes(json.loads(res.output))["Patch e"] == "skipped"
+
+
+def test_dirty_tree_refused(world):
+    before = snapshot(world["root"])
+    (world["tree"] / "a.py").write_text("local edit\n")
+    res = smla(world, "--onto", world["c1"], "--source", str(world["up"]))
+    assert res.exit_code == 7 and "uncommitted" in res.output
+    assert snapshot(world["root"]) == before
+
+
+def test_unexported_commit_refused(world):
+    tree = world["tree"]
+    _write(tree, "a.py", _edit(LINES, l5="A patched differently"))
+    proc.git(tree, "commit", "-q", "--amend", "--no-edit", "-a")  # amends patch e's commit: edits e + a
+    res = smla(world, "--onto", world["c1"], "--source", str(world["up"]))
+    assert res.exit_code == 7 and "differ from patches/" in res.output
+
+
+@pytest.mark.parametrize("onto,code", [("not-a-target", 2), ("0" * 40, 4), ("deadbee", 4)])
+def test_unknown_commit(world, onto, code):
+    before = snapshot(world["root"])
+    res = smla(world, "--onto", onto, "--source", str(world["up"]))
+    assert res.exit_code == code, res.output
+    assert snapshot(world["root"]) == before
+    assert not (world["tree"] / ".git" / "smla-rebase").exists()
+
+
+def test_unknown_version(world, monkeypatch):
+    from tools.errors import FetchError
+
+    def missing(project, filename):
+        raise FetchError(f"{filename} is not on the package index")
+
+    monkeypatch.setattr(cache, "pypi_file", missing)
+    before = snapshot(world["root"])
+    res = smla(world, "--onto", "0.99.0")
+    assert res.exit_code == 4 and "vllm-0.99.0.tar.gz is not on the package index" in res.output
+    assert snapshot(world["root"]) == before
+
+
+def _fake_sdist(world, tmp_path, commit_id: str) -> tuple[str, str]:
+    """An sdist of C1 as vllm-0.0.2.tar.gz recording `commit_id`; (file URL, sha256)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name in "abcde":
+            data = proc.git(world["up"], "show", f"{world['c1']}:{name}.py").stdout.encode()
+            info = tarfile.TarInfo(f"vllm-0.0.2/{name}.py")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        data = f"__version__ = version = '0.0.2'\n__commit_id__ = commit_id = '{commit_id}'\n".encode()
+        info = tarfile.TarInfo("vllm-0.0.2/vllm/_version.py")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    path = tmp_path / "vllm-0.0.2.tar.gz"
+    path.write_bytes(buf.getvalue())
+    return path.as_uri(), hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def test_version_target_via_sdist(world, tmp_path, monkeypatch):
+    url, sha = _fake_sdist(world, tmp_path, "g" + world["c1"][:9])
+    monkeypatch.setattr(cache, "pypi_file", lambda project, filename: (url, sha))
+    res = smla(world, "--onto", "0.0.2", "--source", str(world["up"]), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    # the _version.py the sdist adds is new to the tree; a..e behave as for C1
+    assert outcomes(data) == {"Patch a": "unchanged", "Patch b": "offsets", "Patch c": "merged",
+                              "Patch d": "upstream", "Patch e": "unchanged"}
+    pin = data["pin"]["after"]
+    assert pin == {**pin, "commit": world["c1"], "version": "0.0.2", "sdist": "vllm-0.0.2.tar.gz",
+                   "sdist_sha256": sha}
+    tree = world["tree"]
+    base = proc.git_out(tree, "rev-parse", f"{source.BASE_TAG}^{{commit}}")
+    assert proc.git_out(tree, "rev-parse", f"{base}^") == world["c0"]  # child of the old base
+    assert source.read_tree_info(tree).source == "sdist"
+
+
+def test_version_target_needs_full_commit(world, tmp_path, monkeypatch):
+    url, sha = _fake_sdist(world, tmp_path, "gabcdef123")
+    monkeypatch.setattr(cache, "pypi_file", lambda project, filename: (url, sha))
+    before = snapshot(world["root"])
+    res = smla(world, "--onto", "0.0.2", "--source", str(world["up"]))
+    assert res.exit_code == 2 and "--upstream-commit" in res.output
+    res = smla(world, "--onto", "0.0.2", "--upstream-commit", "1" * 40)
+    assert res.exit_code == 2 and "does not match" in res.output
+    assert snapshot(world["root"]) == before
+    res = smla(world, "--onto", "0.0.2", "--upstream-commit", "abcdef123" + "0" * 31, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["pin"]["after"]["commit"] == "abcdef123" + "0" * 31
+
+
+def test_missing_tree_is_fetched_and_patched_first(world, tmp_path):
+    import shutil
+
+    shutil.rmtree(world["tree"])
+    res = smla(world, "--onto", world["c1"], "--source", str(world["up"]), "--json")
+    assert res.exit_code == 0, res.output
+    assert outcomes(json.loads(res.output))["Patch c"] == "merged"
+
+
+def test_exactly_one_action(world):
+    assert smla(world).exit_code == 2
+    assert smla(world, "--onto", world["c1"], "--abort").exit_code == 2
+    assert smla(world, "--continue").exit_code == 7  # nothing in progress

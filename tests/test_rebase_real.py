@@ -1,0 +1,114 @@
+"""Real drift: rebase the real series from the vLLM 0.16.0 pin onto 0.17.0.
+
+Opt-in (SMLA_REAL_REBASE=1; needs both sdists, cached or from PyPI). Runs in
+a scratch copy of the toolkit (pin + patches/ copied to tmp) and checks the
+report against reality: every patch is re-applied to an independent 0.17.0
+tree and must behave as the report says. Then --abort must restore all.
+SMLA_REAL_PATCHES points at another series (default: this repo's patches/).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tools import cache, proc, source
+from tools.cli import main
+from tools.pin import load
+
+REPO = Path(__file__).resolve().parents[1]
+# vLLM 0.17.0's sdist records only 'gb31e9326a'; this is the full id of the v0.17.0 tag.
+V017_COMMIT = "b31e9326a7d9394aab8c767f8ebe225c65594b60"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.environ.get("SMLA_REAL_REBASE") != "1", reason="set SMLA_REAL_REBASE=1 to run"),
+]
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    out = {"vllm-pin.txt": (root / "vllm-pin.txt").read_bytes()}
+    out.update({f"patches/{f.name}": f.read_bytes() for f in sorted((root / "patches").iterdir())})
+    return out
+
+
+def _fresh_017(tmp: Path, alternate: Path) -> Path:
+    """An independent 0.17.0 tree; borrows the rebase tree's objects so 3-way merges find preimages."""
+    fresh = tmp / "fresh"
+    fresh.mkdir()
+    proc.git(fresh, "init", "-q")
+    (fresh / ".git" / "objects" / "info" / "alternates").write_text(str(alternate / ".git" / "objects") + "\n")
+    archive = cache.cache_dir() / "downloads" / "vllm-0.17.0.tar.gz"
+    source.unpack_sdist(archive, fresh)
+    source.commit_snapshot(fresh, "vLLM 0.17.0")
+    return fresh
+
+
+def test_real_016_to_017(tmp_path):
+    patches = Path(os.environ.get("SMLA_REAL_PATCHES", REPO / "patches"))
+    if not (patches / "series").is_file():
+        pytest.skip(f"no series in {patches} yet")
+    root = tmp_path / "root"
+    root.mkdir()
+    pin_src = Path(os.environ.get("SMLA_REAL_PIN", REPO / "vllm-pin.txt"))
+    shutil.copy2(pin_src, root / "vllm-pin.txt")
+    shutil.copytree(patches, root / "patches")
+    assert load(root / "vllm-pin.txt").version == "0.16.0"
+    tree = root / "work" / "vllm"
+    before = _snapshot(root)
+
+    res = CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "rebase", "--onto", "0.17.0",
+                                    "--upstream-commit", V017_COMMIT, "--source", "sdist",
+                                    "--report-dir", str(tmp_path / "rep")])
+    assert res.exit_code in (0, 11), res.output
+    data = json.loads((tmp_path / "rep" / "rebase-report.json").read_text())
+    assert data["status"] == ("clean" if res.exit_code == 0 else "conflict")
+    assert data["old_base"]["version"] == "0.16.0" and data["new_base"]["version"] == "0.17.0"
+
+    # Reality check, patch by patch, on an independent 0.17.0 tree.
+    fresh = _fresh_017(tmp_path, tree)
+    for p in data["patches"]:
+        path = str((patches / p["name"]).resolve())
+        check = proc.git(fresh, "apply", "--check", "-v", "--", path, check=False)
+        if p["outcome"] in ("unchanged", "offsets"):
+            assert check.returncode == 0, (p["name"], check.stderr)
+            moved = re.findall(r"Hunk #\d+ succeeded at \d+ \(offset -?\d+ lines?\)", check.stderr + check.stdout)
+            assert bool(moved) == (p["outcome"] == "offsets"), p["name"]
+            proc.git(fresh, "am", "-q", "--keep-cr", "--", path)
+        elif p["outcome"] == "merged":
+            assert check.returncode != 0, p["name"]
+            proc.git(fresh, "am", "-q", "--3way", "--keep-cr", "--", path)
+        elif p["outcome"] == "upstream":
+            head = proc.git_out(fresh, "rev-parse", "HEAD")
+            rev = proc.git(fresh, "apply", "--check", "-R", "--", path, check=False)
+            if rev.returncode != 0:
+                proc.git(fresh, "am", "-q", "--3way", "--keep-cr", "--", path)
+                assert proc.git_out(fresh, "rev-parse", "HEAD") == head, p["name"]
+        elif p["outcome"] == "conflict":
+            am = proc.git(fresh, "am", "-q", "--3way", "--keep-cr", "--", path, check=False)
+            assert am.returncode != 0, p["name"]
+            unmerged = proc.git_out(fresh, "diff", "--name-only", "--diff-filter=U").split()
+            if unmerged:  # the same files conflict here as in the report
+                assert set(unmerged) == set(p["files"]), (p["name"], unmerged)
+            for f in p["files"]:  # and the stopped tree holds them for the user
+                assert (tree / f).exists() or (fresh / f).exists(), f
+            proc.git(fresh, "am", "--abort")
+            break
+        else:
+            pytest.fail(f"unexpected outcome {p['outcome']} for {p['name']}")
+
+    if res.exit_code == 11:
+        assert (tree / ".git" / "smla-rebase" / "state.json").is_file()
+        abort = CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "rebase", "--abort"])
+        assert abort.exit_code == 0, abort.output
+        assert _snapshot(root) == before
+        info = source.read_tree_info(tree)
+        assert info.version == "0.16.0" and proc.git(tree, "status", "--porcelain").stdout == ""
+    else:
+        after = load(root / "vllm-pin.txt")
+        assert (after.version, after.commit) == ("0.17.0", V017_COMMIT)
