@@ -20,6 +20,8 @@ help:
 	@echo "make rebase ONTO=<commit|version>  carry the series onto a newer vLLM (ARGS=--continue / ARGS=--abort)"
 	@echo "make build-wheel  patched vLLM wheel in dist/ (WHEEL_ARGS=\"--from-source\" etc., see docs/build-wheel.md)"
 	@echo "make test-wheel   opt-in check of build-wheel on the real official wheel (500 MB)"
+	@echo "make bench        sparse-MLA kernel benchmark vs seed/torch/floors (GPU; BENCH_ARGS=--quick, BENCH_PY=python3)"
+	@echo "make explain MODEL=glm-5 CAP=12.0 [DTYPE=float16] [TREE=pristine|PATH]  why vLLM picks that attention backend"
 	@echo "make clean        remove the work tree, dist/ and the virtualenv"
 
 $(STAMP): $(REQS) pyproject.toml
@@ -55,6 +57,22 @@ build-wheel: patch
 
 test-wheel: patch
 	SMLA_REAL_WHEEL=1 $(PYTEST) tests/test_wheel_real.py $(PYTEST_ARGS)
+
+# Sparse-MLA kernel benchmark (needs a CUDA GPU); results in bench/results/.
+BENCH_PY ?= $(BIN)/python
+.PHONY: bench
+bench: patch
+	$(BENCH_PY) bench/bench_sparse_mla.py $(BENCH_ARGS)
+
+# Which attention backend the tree's vLLM picks, and why (CPU; see docs/explain.md).
+MODEL ?= glm-5
+CAP   ?= 12.0
+DTYPE ?= auto
+TREE  ?= patched
+.PHONY: explain
+# EXPLAIN_ARGS (e.g. --json, --backend NAME), not ARGS: `patch` takes $(ARGS).
+explain: patch
+	$(SMLA) explain --model $(MODEL) --capability $(CAP) --dtype $(DTYPE) --tree $(TREE) $(EXPLAIN_ARGS)
 
 clean:
 	rm -rf work dist $(VENV)

@@ -1,20 +1,16 @@
 """Attention-backend selection for DSA sparse MLA, through vLLM's own selector.
 
-CPU only.  Uses tests/vllm_harness.py, which imports the real vLLM tree in a
+CPU only.  Uses tools/selection.py, which imports the real vLLM tree in a
 subprocess with stand-ins for compiled modules and a mocked CUDA platform /
 device capability (see its docstring for the full list).  One subprocess per
 tree answers the whole matrix.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import vllm_harness as H  # noqa: E402
+import tools.selection as H
+from tools import explain
 
 NEW = "TRITON_MLA_SPARSE"
 MATRIX = [(p, c, d) for p in H.PRESETS for c in H.CAPABILITIES for d in H.DTYPES]
@@ -33,16 +29,12 @@ def _key(r):
 
 
 @pytest.fixture(scope="module")
-def selections(vllm_tree, tmp_path_factory):
+def selections(vllm_tree):
     """(patched, pristine) results; both trees are answered concurrently.
 
     The pristine tree is vLLM at tag smla-base, exported with `git archive`
-    from the work tree's own repository."""
-    dest = tmp_path_factory.mktemp("pristine")
-    archive = subprocess.run(
-        ["git", "-C", str(vllm_tree), "archive", "smla-base", "vllm"],
-        check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    from the work tree's own repository (cached: tools.explain.pristine_tree)."""
+    dest = explain.pristine_tree(vllm_tree)
     patched_cells = (
         H.matrix_cells()
         + H.matrix_cells(backend=NEW)

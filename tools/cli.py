@@ -223,5 +223,39 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
     result.raise_for_status()
 
 
+@main.command()
+@click.option("--model", required=True, metavar="PRESET|CONFIG.json",
+              help="A preset (glm-5, deepseek-v3.2) or a HuggingFace config.json.")
+@click.option("--capability", required=True, metavar="MAJOR.MINOR|auto",
+              help="CUDA compute capability, e.g. 12.0, 9.0, 8.6; auto = this machine's GPU.")
+@click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float16", "bfloat16"]),
+              help="Model dtype; auto = the config's torch_dtype, as vLLM resolves it.")
+@click.option("--kv-cache-dtype", default="auto", show_default=True, help="As vLLM's --kv-cache-dtype.")
+@click.option("--tree", "tree_spec", default="patched", show_default=True, metavar="patched|pristine|PATH",
+              help="patched: the work tree; pristine: its base (smla-base), exported to the cache; "
+                   "PATH: any vLLM source tree.")
+@click.option("--backend", default=None, metavar="NAME", help="Explicit backend, as vLLM's --attention-backend.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@_handle_errors
+def explain(c: Ctx, model, capability, dtype, kv_cache_dtype, tree_spec, backend, as_json):
+    """Which attention backend vLLM picks for a sparse-MLA model, and why.
+
+    Runs the tree's own selection code (mocked CUDA capability, stand-ins for
+    compiled modules): every backend of the CUDA priority list, valid or not
+    with vLLM's reasons, then the auto-selection or vLLM's error. See docs/explain.md.
+    """
+    from tools import explain as explain_mod
+
+    case = explain_mod.Case(model, capability, dtype, kv_cache_dtype=kv_cache_dtype, backend=backend)
+    explain_mod.to_cell(case)  # check the inputs before exporting a tree
+    tree, desc = explain_mod.resolve_tree(tree_spec, c.tree)
+    result = explain_mod.explain(tree, case)
+    if as_json:
+        click.echo(report.to_json(explain_mod.to_dict(result, desc)), nl=False)
+    else:
+        click.echo(explain_mod.text(result, desc), nl=False)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -5,7 +5,7 @@ on a synthetic batch that mixes decode and prefill requests (the
 CommonAttentionMetadata is built by hand) and compares with the float64
 reference of tests/sparse_mla_reference.py.
 
-Stand-ins (this test relies on them; see tests/vllm_harness.py):
+Stand-ins (this test relies on them; see tools/selection.py):
 - vllm._C and vllm.vllm_flash_attn are stood in for by import_vllm_tree()
   (neither is called on this path);
 - the VllmConfig handed to the builder is a SimpleNamespace with only the
@@ -31,7 +31,7 @@ from sparse_mla_reference import (  # noqa: E402
     reference_sparse_mla,
     rel_err,
 )
-from vllm_harness import import_vllm_tree  # noqa: E402
+from tools.selection import import_vllm_tree  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

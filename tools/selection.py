@@ -1,10 +1,15 @@
 """Run vLLM's own attention-backend selection for DSA sparse-MLA geometries.
 
-Public API (no pytest dependency; reused by the `explain` command):
+Library module (moved here from tests/vllm_harness.py); used by
+`smla explain` (tools/explain.py) and by the selection tests.
+
+Public API:
 
     PRESETS                      model geometries ("glm-5", "deepseek-v3.2")
     CAPABILITIES, DTYPES         the support matrix this project targets
-    Cell(...)                    one query: preset, capability, dtype, ...
+    Cell(...)                    one query: preset (or HF config), capability,
+                                 dtype, ...
+    preset_config(name)          a preset as an HF config dict
     run_selection(tree, cells)   -> list[dict], one result per cell
     run_selections([(tree, cells), ...])  the same for several trees, concurrently
     matrix_cells(...)            the full capability x dtype x preset matrix
@@ -46,16 +51,27 @@ What is mocked or stood in for (all in the child process only):
   on a build without it.  These extra reasons never change the pick here:
   every such backend is already invalid for sparse MLA ("sparse not supported").
 - Model config: `VllmConfig.model_config` is a SimpleNamespace carrying
-  `hf_config` / `hf_text_config` (a transformers PretrainedConfig with the
-  preset's MLA fields) and `dtype`; that is all the selection path reads
-  (FLASHINFER_MLA checks hf_text_config.qk_nope_head_dim).  A real
-  ModelConfig would need the checkpoint's config from the Hub.
+  `hf_config` / `hf_text_config` (a plain transformers PretrainedConfig built
+  from the preset's MLA fields, or from a config.json's fields, instead of
+  the model's own config class) and `dtype`; that is all the selection path
+  reads (FLASHINFER_MLA checks hf_text_config.qk_nope_head_dim).  A real
+  ModelConfig would need the checkpoint's config from the Hub.  use_mla,
+  use_sparse and head_size are derived from that config by the tree's own
+  code (ModelArchConfigConvertorBase.is_deepseek_mla / get_head_size,
+  VLLM_MLA_DISABLE, and `hasattr(hf_config, "index_topk")` as in
+  CudaPlatform.check_and_update_config); dtype "auto" goes through the
+  tree's `_resolve_auto_dtype` (platform device name stood in for its
+  fallback warning).
 
-Run as a script:
+Run as a script (users: prefer `smla explain`):
 
-    python tests/vllm_harness.py --tree work/vllm --table
-    python tests/vllm_harness.py --tree work/vllm --capability 12.0 \\
+    python -m tools.selection --tree work/vllm --table
+    python -m tools.selection --tree work/vllm --capability 12.0 \\
         --dtype float16 --preset glm-5 --backend TRITON_MLA_SPARSE --json
+
+This module imports nothing from `tools` at module level: the selection
+child process loads this file on its own (by path), with the vLLM tree and
+not the toolkit on its sys.path.
 """
 from __future__ import annotations
 
@@ -63,7 +79,6 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -86,6 +101,24 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
+# model_type / architectures of each preset, as in the checkpoints' config.json
+# (vLLM 0.16.0: GlmMoeDsaForCausalLM and DeepseekV32ForCausalLM in
+# vllm/model_executor/models/registry.py; both model types are in
+# is_deepseek_mla's list).
+PRESET_MODELS: dict[str, dict[str, Any]] = {
+    "glm-5": dict(model_type="glm_moe_dsa",
+                  architectures=["GlmMoeDsaForCausalLM"], torch_dtype="bfloat16"),
+    "deepseek-v3.2": dict(model_type="deepseek_v32",
+                          architectures=["DeepseekV32ForCausalLM"],
+                          torch_dtype="bfloat16"),
+}
+
+
+def preset_config(name: str) -> dict[str, Any]:
+    """The preset `name` as an HF config dict (MLA geometry + model type)."""
+    return {**PRESET_MODELS[name], **PRESETS[name]}
+
+
 CAPABILITIES: list[str] = ["8.0", "8.6", "8.9", "9.0", "10.0", "12.0", "12.1"]
 DTYPES: list[str] = ["float16", "bfloat16"]
 BLOCK_SIZE = 64
@@ -93,12 +126,13 @@ BLOCK_SIZE = 64
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    preset: str
+    preset: str  # a PRESETS name, or only a label when `config` is given
     capability: str  # "12.0"
-    dtype: str  # "float16" | "bfloat16"
+    dtype: str  # "float16" | "bfloat16" | "auto" (the config's, as vLLM does)
     kv_cache_dtype: str = "auto"
     block_size: int = BLOCK_SIZE
     backend: str | None = None  # explicit --attention-backend, or None = auto
+    config: str | None = None  # JSON text of an HF config.json, else the preset
 
     def key(self) -> tuple:
         return (self.preset, self.capability, self.dtype, self.kv_cache_dtype,
@@ -121,30 +155,50 @@ def run_selection(tree: str | os.PathLike, cells: list[Cell],
                   ) -> list[dict[str, Any]]:
     """Answer every cell in one fresh interpreter importing vLLM from `tree`.
 
-    Each result dict has: the cell's fields, "priority" (list of
-    {"backend", "valid", "reasons"} in CUDA priority order), "selected"
-    (backend name or None), "error" (vLLM's exact error text or None),
-    "stand_ins" (what was stubbed in that interpreter).
+    Each result dict has: the cell's fields, "model" (what the tree derives
+    from the config: model_type, use_mla, use_sparse, head_size, dtype),
+    "priority" (list of {"backend", "valid", "reasons"} in CUDA priority
+    order), "selected" (backend name or None), "error" (vLLM's exact error
+    text or None), "stand_ins" (what was stubbed in that interpreter).
+    Instead of a selection, a result may carry "input_error" (the config or
+    backend name was refused: no "priority") or "not_mla" (the tree does not
+    use MLA for this config: no selection was run).
+
+    Raises TreeStateError when `tree` is no vLLM source tree, CommandError
+    when the child process fails.
     """
+    from tools import proc as proc_mod
+    from tools.errors import CommandError, TreeStateError
+
     tree = Path(tree).resolve()
     if not (tree / "vllm" / "__init__.py").is_file():
-        raise FileNotFoundError(f"no vLLM source tree at {tree}")
+        raise TreeStateError(f"no vLLM source tree at {tree} (no vllm/__init__.py)",
+                             hint="run `make patch`, or give the root of a vLLM checkout")
     payload = json.dumps({"tree": str(tree),
                           "cells": [dataclasses.asdict(c) for c in cells]})
-    env = dict(os.environ)
-    env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    env["VLLM_TARGET_DEVICE"] = env.get("VLLM_TARGET_DEVICE", "cuda")
-    proc = subprocess.run(
-        [python or sys.executable, str(Path(__file__).resolve()), "--_worker"],
-        input=payload, capture_output=True, text=True, timeout=timeout,
-        cwd=str(tree.parent), env=env,
+    env = {
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
+        "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cuda"),
+    }
+    # The child loads this very file by path (not the `tools` package) and
+    # runs its worker; it imports vLLM from `tree` only.
+    child = ("import importlib.util as u, sys; "
+             "s = u.spec_from_file_location('smla_selection_worker', sys.argv[1]); "
+             "m = u.module_from_spec(s); sys.modules[s.name] = m; "
+             "s.loader.exec_module(m); "
+             "sys.exit(m.main(['--_worker']))")
+    result = proc_mod.run(
+        [python or sys.executable, "-c", child, str(Path(__file__).resolve())],
+        input=payload, timeout=timeout, cwd=str(tree.parent), env=env,
+        check=False,
     )
     marker = "@@SMLA-JSON@@"
-    out = proc.stdout
-    if proc.returncode != 0 or marker not in out:
-        raise RuntimeError(
-            f"selection worker failed (rc={proc.returncode}):\n"
-            f"{proc.stderr[-4000:]}\n{out[-2000:]}")
+    out = result.stdout
+    if result.returncode != 0 or marker not in out:
+        raise CommandError(
+            f"vLLM selection subprocess failed (exit {result.returncode}) "
+            f"for tree {tree}:\n{result.stderr[-4000:]}\n{out[-2000:]}",
+            hint="the tree must import with this interpreter's torch/transformers")
     return json.loads(out.split(marker, 1)[1])
 
 
@@ -253,6 +307,8 @@ def _worker(payload: dict[str, Any]) -> list[dict[str, Any]]:
     import io
     import types
 
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
     tree = payload["tree"]
     sys.path.insert(0, tree)
     stand_ins = _install_stand_ins()
@@ -266,9 +322,6 @@ def _worker(payload: dict[str, Any]) -> list[dict[str, Any]]:
     platforms.resolve_current_platform_cls_qualname = (
         lambda: "vllm.platforms.cuda.CudaPlatform")
 
-    import torch
-    from transformers import PretrainedConfig
-
     import vllm.platforms.cuda as cuda_mod
     from vllm.config import AttentionConfig, VllmConfig, set_current_vllm_config
     from vllm.platforms.interface import DeviceCapability
@@ -279,27 +332,51 @@ def _worker(payload: dict[str, Any]) -> list[dict[str, Any]]:
     platform_cls = type(current)
     assert issubclass(platform_cls, cuda_mod.CudaPlatformBase), platform_cls
 
+    # Only reached by _resolve_auto_dtype's fallback warning (e.g. a bf16
+    # config on a pre-8.0 capability); the real one asks NVML.
+    platform_cls.get_device_name = classmethod(
+        lambda cls, device_id=0: "selection-harness stand-in GPU")
+
     results = []
     for c in payload["cells"]:
         major, minor = (int(x) for x in c["capability"].split("."))
         cap = DeviceCapability(major, minor)
         platform_cls.get_device_capability = classmethod(
             lambda cls, device_id=0, _cap=cap: _cap)
-        dtype = getattr(torch, c["dtype"])
-        geom = PRESETS[c["preset"]]
-        hf = PretrainedConfig(**geom, model_type="smla-harness")
+        res: dict[str, Any] = dict(c)
+        res["stand_ins"] = stand_ins
+        results.append(res)
+        cfg = (json.loads(c["config"]) if c.get("config")
+               else preset_config(c["preset"]))
+        try:
+            model = _derive_model(cfg, c["dtype"])
+        except Exception as e:  # noqa: BLE001 - reported to the caller
+            res["input_error"] = (f"vLLM cannot use this model config: "
+                                  f"{type(e).__name__}: {e}")
+            continue
+        hf, text = model.pop("hf_config"), model.pop("hf_text_config")
+        dtype = model.pop("torch_dtype")
+        res["model"] = model
+        if not model["use_mla"]:
+            res["not_mla"] = True
+            continue
+        try:
+            backend_enum = (AttentionBackendEnum[c["backend"]]
+                            if c["backend"] else None)
+        except (KeyError, ValueError) as e:  # 0.16.0 raises ValueError
+            res["input_error"] = (str(e) if isinstance(e, ValueError) else
+                                  f"Unknown attention backend: {c['backend']!r}")
+            continue
+        use_sparse = model["use_sparse"]
         model_config = types.SimpleNamespace(
-            hf_config=hf, hf_text_config=hf, dtype=dtype, use_mla=True)
-        backend_enum = (AttentionBackendEnum[c["backend"]]
-                        if c["backend"] else None)
+            hf_config=hf, hf_text_config=text,
+            dtype=dtype, use_mla=True)
         vllm_config = VllmConfig(
             attention_config=AttentionConfig(backend=backend_enum))
         object.__setattr__(vllm_config, "model_config", model_config)
 
-        head_size = geom["kv_lora_rank"] + geom["qk_rope_head_dim"]
+        head_size = model["head_size"]
         selector._cached_get_attn_backend.cache_clear()
-        res: dict[str, Any] = dict(c)
-        res["stand_ins"] = stand_ins
         log = io.StringIO()
         with set_current_vllm_config(vllm_config), \
                 contextlib.redirect_stdout(log):
@@ -308,7 +385,7 @@ def _worker(payload: dict[str, Any]) -> list[dict[str, Any]]:
             sel_cfg = selector.AttentionSelectorConfig(
                 head_size=head_size, dtype=dtype,
                 kv_cache_dtype=c["kv_cache_dtype"], block_size=None,
-                use_mla=True, use_sparse=True)
+                use_mla=True, use_sparse=use_sparse)
             valid, invalid = platform_cls.get_valid_backends(
                 device_capability=cap, attn_selector_config=sel_cfg)
             valid_names = {b.name for b, _ in valid}
@@ -329,14 +406,67 @@ def _worker(payload: dict[str, Any]) -> list[dict[str, Any]]:
             try:
                 cls = selector.get_attn_backend(
                     head_size, dtype, c["kv_cache_dtype"], c["block_size"],
-                    use_mla=True, use_sparse=True)
+                    use_mla=True, use_sparse=use_sparse)
                 res["selected"] = cls.get_name()
                 res["error"] = None
             except ValueError as e:
                 res["selected"] = None
                 res["error"] = str(e)
-        results.append(res)
     return results
+
+
+def _derive_model(cfg: dict[str, Any], dtype_name: str) -> dict[str, Any]:
+    """What the imported vLLM tree derives from an HF config dict: use_mla,
+    use_sparse, head size and the model dtype (with "auto" resolved by the
+    tree's own _resolve_auto_dtype for the mocked capability)."""
+    import torch
+    from transformers import PretrainedConfig
+
+    from vllm import envs
+    from vllm.transformers_utils.config import get_hf_text_config
+    from vllm.transformers_utils.model_arch_config_convertor import (
+        ModelArchConfigConvertorBase,
+    )
+
+    hf = PretrainedConfig(**cfg)
+    text = get_hf_text_config(hf)
+    conv = ModelArchConfigConvertorBase(hf, text)
+    is_mla = bool(conv.is_deepseek_mla())
+    use_mla = is_mla and not envs.VLLM_MLA_DISABLE
+    model_type = getattr(hf, "model_type", None)
+
+    config_dtype = getattr(hf, "dtype", None)
+    if config_dtype is None:
+        config_dtype = getattr(text, "dtype", None)
+    if isinstance(config_dtype, str):
+        config_dtype = getattr(torch, config_dtype)
+    if dtype_name == "auto":
+        if config_dtype is None:
+            raise ValueError("the config has no torch_dtype (vLLM would read "
+                             "the checkpoint's safetensors); give a dtype")
+        from vllm.config.model import _resolve_auto_dtype
+        dtype = _resolve_auto_dtype(model_type, config_dtype,
+                                    is_pooling_model=False)
+    else:
+        dtype = getattr(torch, dtype_name)
+    from vllm.config import model as model_mod
+    if hasattr(model_mod, "_check_valid_dtype"):
+        model_mod._check_valid_dtype(model_type, dtype)
+
+    return {
+        "model_type": model_type,
+        "architectures": list(getattr(hf, "architectures", None) or []),
+        "is_deepseek_mla": is_mla,
+        "use_mla": use_mla,
+        "use_sparse": hasattr(hf, "index_topk"),
+        "head_size": conv.get_head_size() if use_mla else None,
+        "dtype": str(dtype).removeprefix("torch."),
+        "config_dtype": (str(config_dtype).removeprefix("torch.")
+                         if config_dtype is not None else None),
+        "hf_config": hf,
+        "hf_text_config": text,
+        "torch_dtype": dtype,
+    }
 
 
 # --------------------------------------------------------------------------

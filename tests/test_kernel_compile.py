@@ -1,0 +1,190 @@
+"""Compile-only portability check of the Triton sparse-MLA kernels (CPU, no GPU).
+
+Triton ships ptxas, so `triton.compile(ASTSource(...), target=GPUTarget(...))`
+builds PTX and a cubin for any CUDA arch on a machine without a GPU.  For each
+arch this compiles, with the launch configuration that `sparse_mla_config`'s
+heuristic picks for that arch:
+  - the attention kernel (bf16 where the arch has it, fp16 else; 16 and 64
+    heads, the smallest and the largest head tile),
+  - the split-K merge kernel and the slot-conversion kernel,
+then checks the cubin and PTX exist and that the kernel's static shared memory
+fits that arch's per-block limit (so the heuristic never picks a config that
+cannot launch there), and reports registers / spills from cuobjdump.
+
+The compile runs in a subprocess with TRITON_INTERPRET removed from its
+environment: tests/test_kernel_interpret.py sets TRITON_INTERPRET=1 for the
+whole pytest process at import, and under it `@triton.jit` yields interpreted
+functions that cannot be compiled.  `python tests/test_kernel_compile.py
+--report 90` prints the same report by hand (also used by bench/ tuning).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+# Per-block shared-memory limit (opt-in maximum, bytes) by compute capability.
+SMEM_LIMIT = {
+    80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376,
+}
+ARCHES = [80, 86, 89, 90, 100, 120]
+
+
+def _signature(fn, dt, ptr_types, constexpr_names, float_names=()):
+    sig = {}
+    for a in fn.arg_names:
+        if a in ptr_types:
+            sig[a] = "*" + (dt if ptr_types[a] == "dt" else ptr_types[a])
+        elif a in constexpr_names:
+            sig[a] = "constexpr"
+        elif a in float_names:
+            sig[a] = "fp32"
+        else:
+            sig[a] = "i32"
+    return sig
+
+
+def _resources(cubin: bytes) -> dict:
+    """REG / STACK / SHARED / LOCAL of the cubin's kernel via Triton's cuobjdump."""
+    import tempfile
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        r = subprocess.run([str(tool), "--dump-resource-usage", f.name],
+                           capture_output=True, text=True)
+    res = {}
+    for line in r.stdout.splitlines():
+        if "REG:" in line:
+            for tok in line.replace(",", " ").split():
+                if ":" in tok:
+                    k, v = tok.split(":", 1)
+                    if v.isdigit():
+                        res["sass_" + k.lower()] = int(v)
+    return res
+
+
+def compile_report(arch: int, configs: list[dict] | None = None) -> list[dict]:
+    """Compile the kernels for `arch`; one dict per compiled kernel.
+
+    Must run without TRITON_INTERPRET (see the module docstring)."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from sparse_mla_reference import load_sparse_mla_module
+
+    from conftest import default_tree
+
+    mod = load_sparse_mla_module(default_tree(), interpret=False)
+    target = GPUTarget("cuda", arch, 32)
+    cap = (arch // 10, arch % 10)
+    dt_name, dtype = ("bf16", torch.bfloat16) if arch >= 80 else ("fp16", torch.float16)
+    out = []
+
+    def build(fn, sig, cst, opts, label):
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cst), target=target,
+                           options=opts)
+        rec = dict(arch=arch, kernel=label, shared=int(k.metadata.shared),
+                   smem_limit=SMEM_LIMIT.get(arch), has_cubin=len(k.asm.get("cubin", b"")) > 0,
+                   has_ptx=len(k.asm.get("ptx", "")) > 0, **opts)
+        rec.update(_resources(k.asm["cubin"]) if rec["has_cubin"] else {})
+        out.append(rec)
+
+    fwd = mod._sparse_mla_fwd_kernel
+    fwd_sig = _signature(
+        fwd, dt_name,
+        dict(q_ptr="dt", kv_ptr="dt", slots_ptr="i32", out_ptr="dt", part_out_ptr="fp32",
+             part_lse_ptr="fp32"),
+        {"D_NOPE", "D_PE", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "IEEE_DOT"},
+        float_names=("qk_scale",))
+    if configs is None:
+        configs = []
+        for H in (16, 64):
+            cfg = mod._config_for(H, 4096, 2048, dtype, 132, cap)
+            configs.append(dict(cfg, H=H))
+    for cfg in configs:
+        cst = dict(D_NOPE=512, D_PE=64, BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
+                   BLOCK_DV=cfg["BLOCK_DV"], SPLIT=bool(cfg.get("SPLIT", False)),
+                   IEEE_DOT=False)
+        label = "fwd H{} BH{} BN{} DV{}".format(cfg.get("H", "?"), cfg["BLOCK_H"], cfg["BLOCK_N"],
+                                                 cfg["BLOCK_DV"])
+        build(fwd, fwd_sig, cst,
+              dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]), label)
+
+    merge = mod._sparse_mla_merge_kernel
+    msig = _signature(merge, dt_name, dict(part_out_ptr="fp32", part_lse_ptr="fp32", out_ptr="dt"),
+                      {"D_NOPE", "BLOCK_S"})
+    build(merge, msig, dict(D_NOPE=512, BLOCK_S=16),
+          dict(num_warps=4, num_stages=1), "merge S16")
+
+    conv = mod._convert_req_local_to_slots_kernel
+    csig = _signature(conv, "i32", dict(req_id_ptr="i32", block_table_ptr="i32", topk_ptr="i32",
+                                        out_ptr="i32"), {"BLOCK"})
+    build(conv, csig, dict(BLOCK=128), dict(num_warps=4, num_stages=1), "convert")
+    return out
+
+
+def _run_child(arch: int) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, __file__, "--json", str(arch)], capture_output=True,
+                       text=True, env=env, timeout=1800)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _ptxas_supports(arch: int) -> bool:
+    import triton
+
+    binp = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    names = ["ptxas-blackwell", "ptxas"] if arch >= 100 else ["ptxas"]
+    for name in names:
+        tool = binp / name
+        if not tool.exists():
+            continue
+        r = subprocess.run([str(tool), "--help"], capture_output=True, text=True)
+        if f"sm_{arch}" in r.stdout:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_kernels_compile_for_arch(arch):
+    """Kernels compile for `arch` (compile-only, subprocess without TRITON_INTERPRET)."""
+    pytest.importorskip("triton")
+    if not _ptxas_supports(arch):
+        pytest.skip(f"bundled ptxas does not list sm_{arch}")
+    recs = _run_child(arch)
+    assert len(recs) == 4
+    for r in recs:
+        assert r["has_cubin"] and r["has_ptx"], r
+        assert r["shared"] <= SMEM_LIMIT[arch], (
+            f"sm_{arch}: {r['kernel']} needs {r['shared']} B shared memory > {SMEM_LIMIT[arch]}")
+
+
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)
+    args = sys.argv[1:]
+    if args and args[0] == "--json":
+        print(json.dumps(compile_report(int(args[1]))))
+    elif args and args[0] == "--configs":
+        # --configs ARCH JSON_LIST: resource report of explicit configs (tuning aid)
+        for r in compile_report(int(args[1]), json.loads(args[2]))[:-2]:
+            print(json.dumps(r))
+    else:
+        for a in (args[1:] if args and args[0] == "--report" else ARCHES):
+            for r in compile_report(int(a)):
+                print(json.dumps(r))

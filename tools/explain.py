@@ -1,0 +1,257 @@
+"""`explain`: which attention backend a vLLM tree picks for a sparse-MLA model, and why.
+
+The answer comes from the tree's own code, run by tools.selection in a fresh
+interpreter (mocked CUDA platform and capability, stand-ins for compiled
+modules): for every backend of the CUDA MLA priority list, valid or not with
+vLLM's reasons, then what auto-selection (or --backend) gives, or vLLM's
+own error.
+
+Trees: "patched" is the work tree; "pristine" is the base commit (tag
+smla-base) of the same repository, exported once into the cache
+(<cache>/trees/<base commit>/vllm); anything else is a path to a vLLM
+source tree.
+
+Models: a preset of tools.selection.PRESETS, or a HuggingFace config.json
+(use_mla / use_sparse / head size / dtype "auto" are derived by the tree's
+own code from it). Configs that vLLM does not run with MLA are refused: the
+toolkit covers the MLA (and above all the sparse, DSA) backends only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tools import cache, proc, selection
+from tools.errors import TreeStateError, UsageError
+from tools.source import BASE_TAG
+
+log = logging.getLogger("smla.explain")
+
+DTYPE_CHOICES = ("auto", "float16", "bfloat16")
+TREE_PATCHED, TREE_PRISTINE = "patched", "pristine"
+_CAP_RE = re.compile(r"^(\d{1,2})\.(\d)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One question: this model, on this capability, with this dtype."""
+
+    model: str  # preset name or path to a config.json
+    capability: str  # "MAJOR.MINOR" or "auto"
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    backend: str | None = None
+
+
+# --------------------------------------------------------------------------
+# inputs
+# --------------------------------------------------------------------------
+
+def parse_capability(text: str) -> str:
+    """"12.0" -> "12.0"; "auto" -> this machine's GPU (UsageError without one)."""
+    text = text.strip()
+    if text == "auto":
+        return _gpu_capability()
+    m = _CAP_RE.match(text)
+    if not m:
+        raise UsageError(f"compute capability {text!r} is not MAJOR.MINOR",
+                         hint="e.g. --capability 12.0 (RTX 50xx / RTX PRO 6000), 9.0 (H100), "
+                              "8.6 (RTX 30xx / A10), or auto")
+    return f"{int(m.group(1))}.{int(m.group(2))}"
+
+
+def _gpu_capability() -> str:
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - torch is a dependency
+        raise UsageError("--capability auto needs torch to read the GPU") from exc
+    if not torch.cuda.is_available():
+        raise UsageError("--capability auto: no CUDA GPU is visible here",
+                         hint="give the capability explicitly, e.g. --capability 12.0")
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}.{minor}"
+
+
+def load_model(spec: str) -> tuple[str, str | None]:
+    """(label, config JSON text or None) for a preset name or a config.json path."""
+    if spec in selection.PRESETS:
+        return spec, None
+    path = Path(spec)
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
+    if not path.is_file():
+        raise UsageError(f"--model {spec!r}: neither a preset nor a config.json file",
+                         hint="presets: " + ", ".join(selection.PRESETS)
+                              + "; or the path to a HuggingFace config.json")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path}: not a readable JSON file: {exc}") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: a config.json holds a JSON object, not {type(data).__name__}")
+    if "model_type" not in data:
+        raise UsageError(f"{path}: no model_type (not a HuggingFace config.json?)")
+    return str(path), json.dumps(data)
+
+
+def to_cell(case: Case) -> selection.Cell:
+    if case.dtype not in DTYPE_CHOICES:
+        raise UsageError(f"dtype {case.dtype!r}: use one of {', '.join(DTYPE_CHOICES)}")
+    label, config = load_model(case.model)
+    # dtype "auto": the config's torch_dtype (presets: bfloat16), resolved
+    # by the tree's _resolve_auto_dtype.
+    return selection.Cell(label, parse_capability(case.capability), case.dtype,
+                          kv_cache_dtype=case.kv_cache_dtype, backend=case.backend,
+                          config=config)
+
+
+# --------------------------------------------------------------------------
+# trees
+# --------------------------------------------------------------------------
+
+def resolve_tree(spec: str, work_tree: Path) -> tuple[Path, str]:
+    """(source tree, description) for "patched", "pristine" or a path."""
+    if spec == TREE_PATCHED:
+        return work_tree, f"patched work tree {work_tree}"
+    if spec == TREE_PRISTINE:
+        tree = pristine_tree(work_tree)
+        return tree, f"pristine base ({BASE_TAG}) of {work_tree}, exported to {tree}"
+    path = Path(spec).expanduser().absolute()
+    if not (path / "vllm" / "__init__.py").is_file():
+        raise UsageError(f"--tree {spec!r}: not {TREE_PATCHED}, {TREE_PRISTINE} or a vLLM source tree "
+                         "(no vllm/__init__.py there)")
+    return path, f"vLLM source tree {path}"
+
+
+def pristine_tree(work_tree: Path) -> Path:
+    """The work tree's base commit (tag smla-base) exported under the cache.
+
+    One export per base commit id, made in a temporary directory beside its
+    final place and renamed into place when complete."""
+    work_tree = Path(work_tree)
+    if not (work_tree / ".git").exists():
+        raise TreeStateError(f"no work tree at {work_tree}", hint="run `make patch` first")
+    res = proc.git(work_tree, "rev-parse", "-q", "--verify", f"refs/tags/{BASE_TAG}^{{commit}}", check=False)
+    if res.returncode != 0:
+        raise TreeStateError(f"{work_tree} has no {BASE_TAG} tag, so no pristine base to export",
+                             hint="run `make patch` (or `smla fetch`) to make an smla work tree")
+    base = res.stdout.strip()
+    dest = cache.cache_dir() / "trees" / base
+    if (dest / "vllm" / "__init__.py").is_file():
+        log.info("cached pristine tree: %s", dest)
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{base[:12]}.", suffix=".part"))
+    try:
+        archive = tmp / "base.tar"
+        proc.git(work_tree, "archive", "--format=tar", f"--output={archive}", base, "vllm")
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        archive.unlink()
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not (dest / "vllm" / "__init__.py").is_file():
+                raise  # not a concurrent export that won the race
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+# --------------------------------------------------------------------------
+# running
+# --------------------------------------------------------------------------
+
+def explain_many(jobs: list[tuple[Path, list[Case]]]) -> list[list[dict[str, Any]]]:
+    """Every case of every tree (one interpreter per tree, run concurrently).
+
+    Inputs are checked first (UsageError); a result the tree refuses (bad
+    config, unknown backend, a non-MLA model) raises UsageError too."""
+    cell_jobs = [(tree, [to_cell(c) for c in cases]) for tree, cases in jobs]
+    if len(cell_jobs) == 1:
+        out = [selection.run_selection(*cell_jobs[0])]
+    else:
+        out = selection.run_selections(cell_jobs)
+    for results in out:
+        for r in results:
+            _check(r)
+    return out
+
+
+def explain(tree: Path, case: Case) -> dict[str, Any]:
+    return explain_many([(tree, [case])])[0][0]
+
+
+def _check(r: dict[str, Any]) -> None:
+    if r.get("input_error"):
+        raise UsageError(f"{r['preset']}: {r['input_error']}")
+    if r.get("not_mla"):
+        m = r["model"]
+        raise UsageError(
+            f"{r['preset']}: vLLM does not use MLA for model_type {m['model_type']!r} "
+            f"(is_deepseek_mla={m['is_deepseek_mla']}), so it picks among the dense attention "
+            "backends, which this toolkit does not cover",
+            hint="smla explain covers MLA models, above all DSA sparse MLA (index_topk in the "
+                 "config: GLM-5, DeepSeek-V3.2)")
+
+
+# --------------------------------------------------------------------------
+# output
+# --------------------------------------------------------------------------
+
+def to_dict(result: dict[str, Any], tree_desc: str) -> dict[str, Any]:
+    d = {k: v for k, v in result.items() if k != "config"}
+    d["tree"] = tree_desc
+    return d
+
+
+def text(result: dict[str, Any], tree_desc: str) -> str:
+    r, m = result, result["model"]
+    kind = "sparse MLA (DSA)" if m["use_sparse"] else "dense MLA (not DSA: the series does not change it)"
+    lines = [
+        f"tree:  {tree_desc}",
+        f"model: {r['preset']}  model_type={m['model_type']}  {kind}  head_size={m['head_size']}",
+        f"case:  compute capability {r['capability']}, dtype {m['dtype']}"
+        + (f" (config: {m['config_dtype']})" if r["dtype"] == "auto" else "")
+        + f", kv_cache_dtype {r['kv_cache_dtype']}, block_size {r['block_size']}",
+        "",
+        f"CUDA MLA backends in vLLM's priority order for {r['capability']}:",
+    ]
+    rows = [("#", "backend", "valid", "reasons (vLLM's own)")]
+    for i, p in enumerate(r["priority"], 1):
+        rows.append((str(i), p["backend"], "yes" if p["valid"] else "no", "; ".join(p["reasons"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        lines.append(("  " + "  ".join(v.ljust(w) for v, w in zip(row[:3], widths)) + "  " + row[3]).rstrip())
+    lines.append("")
+    req = r.get("requested")
+    if req:
+        state = "valid" if req["valid"] else "invalid: " + "; ".join(req["reasons"])
+        lines.append(f"requested backend {req['backend']}: {state}")
+    label = "selection (--backend)" if req else "auto-selection"
+    if r["selected"]:
+        lines.append(f"{label}: {r['selected']}")
+    else:
+        lines.append(f"{label}: none; vLLM error: {r['error']}")
+    lines.append("")
+    lines.append("stand-ins: " + ", ".join(_short_stand_ins(r["stand_ins"])) + " (details: tools/selection.py)")
+    return "\n".join(lines) + "\n"
+
+
+def _short_stand_ins(stand_ins: list[str]) -> list[str]:
+    out = ["mocked CUDA platform + capability", "config as a plain PretrainedConfig"]
+    for item in stand_ins:
+        if item.startswith("no CUDA"):
+            out.append("no GPU: cuda tensors -> meta")
+        else:
+            out.append("stub " + item.split(" (")[0])
+    return out
