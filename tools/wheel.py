@@ -384,10 +384,17 @@ class _FixedWheelFile(WheelFile):
         super().writestr(zinfo_or_arcname, data, compress_type)
 
 
+COMPRESS_LEVEL = 1
+
+
 def _zinfo(name: str, date_time, mode: int) -> zipfile.ZipInfo:
     zi = zipfile.ZipInfo(name, date_time=date_time)
     zi.create_system = _UNIX
     zi.compress_type = zipfile.ZIP_DEFLATED
+    # Deflate level 1: ~3x faster than the default 6 on vLLM's 1.3 GB of .so
+    # files, for a wheel ~7% larger. (WheelFile.writestr forwards no level;
+    # ZipInfo carries it, as `_compresslevel` on Python 3.10-3.13.)
+    zi._compresslevel = COMPRESS_LEVEL
     zi.external_attr = (stat.S_IFREG | (mode & 0o7777)) << 16
     return zi
 
