@@ -109,7 +109,7 @@ def compile_report(arch: int, configs: list[dict] | None = None) -> list[dict]:
         fwd, dt_name,
         dict(q_ptr="dt", kv_ptr="dt", slots_ptr="i32", out_ptr="dt", part_out_ptr="fp32",
              part_lse_ptr="fp32"),
-        {"D_NOPE", "D_PE", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "IEEE_DOT"},
+        {"D_NOPE", "D_PE", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "IEEE_DOT", "PDL"},
         float_names=("qk_scale",))
     if configs is None:
         configs = []
@@ -119,7 +119,7 @@ def compile_report(arch: int, configs: list[dict] | None = None) -> list[dict]:
     for cfg in configs:
         cst = dict(D_NOPE=512, D_PE=64, BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
                    BLOCK_DV=cfg["BLOCK_DV"], SPLIT=bool(cfg.get("SPLIT", False)),
-                   IEEE_DOT=False)
+                   IEEE_DOT=False, PDL=bool(cfg.get("SPLIT", False)) and arch >= 90)
         label = "fwd H{} BH{} BN{} DV{}".format(cfg.get("H", "?"), cfg["BLOCK_H"], cfg["BLOCK_N"],
                                                  cfg["BLOCK_DV"])
         build(fwd, fwd_sig, cst,
@@ -127,8 +127,8 @@ def compile_report(arch: int, configs: list[dict] | None = None) -> list[dict]:
 
     merge = mod._sparse_mla_merge_kernel
     msig = _signature(merge, dt_name, dict(part_out_ptr="fp32", part_lse_ptr="fp32", out_ptr="dt"),
-                      {"D_NOPE", "BLOCK_S"})
-    build(merge, msig, dict(D_NOPE=512, BLOCK_S=16),
+                      {"D_NOPE", "BLOCK_S", "PDL"})
+    build(merge, msig, dict(D_NOPE=512, BLOCK_S=16, PDL=arch >= 90),
           dict(num_warps=4, num_stages=1), "merge S16")
 
     conv = mod._convert_req_local_to_slots_kernel
