@@ -163,7 +163,7 @@ def _apply_one(patch: Patch, outcome: PatchOutcome, worktree: Path, fuzz: int) -
     ctx = [f"-C{max(0, 3 - fuzz)}"] if fuzz else []
     check = proc.git(worktree, "apply", "--check", "-v", *ctx, "--", patch.path.resolve(), check=False)
     if check.returncode == 0:
-        outcome.offsets = _offsets(check.stderr + check.stdout)
+        outcome.offsets = hunk_offsets(check.stderr + check.stdout)
         proc.git(worktree, "am", "-q", "--keep-cr", "--committer-date-is-author-date", *ctx, "--",
                  patch.path.resolve())
         outcome.state = APPLIED
@@ -203,5 +203,14 @@ def _real_tree(worktree: Path | None) -> str:
     return str(Path(common.stdout.strip()).parent) if common.returncode == 0 else str(worktree)
 
 
-def _offsets(text: str) -> list[str]:
-    return re.findall(r"Hunk #\d+ succeeded at \d+ \(offset -?\d+ lines?\)", text)
+def hunk_offsets(text: str) -> list[str]:
+    """'file: Hunk #N succeeded at L (offset K lines)' for each hunk git applied off its line."""
+    found, current = [], "?"
+    for line in text.splitlines():
+        m = re.match(r"Checking patch (.+)\.\.\.$", line)
+        if m:
+            current = m.group(1)
+        m = re.match(r"(Hunk #\d+ succeeded at \d+ \(offset -?\d+ lines?\))", line)
+        if m:
+            found.append(f"{current}: {m.group(1)}")
+    return found

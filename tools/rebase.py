@@ -372,7 +372,7 @@ def _replay_one(tree: Path, patch: series_mod.Patch, out: Outcome) -> None:
     before = proc.git_out(tree, "rev-parse", "HEAD")
     check = proc.git(tree, "apply", "--check", "-v", "--", path, check=False)
     if check.returncode == 0:
-        out.offsets = apply_mod._offsets(check.stderr + check.stdout)
+        out.offsets = apply_mod.hunk_offsets(check.stderr + check.stdout)
         proc.git(tree, "am", "-q", "--keep-cr", "--committer-date-is-author-date", "--", path)
         out.outcome = OFFSETS if out.offsets else UNCHANGED
         out.commits = 1
