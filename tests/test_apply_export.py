@@ -116,6 +116,14 @@ def test_patch_already_upstream_is_reported_not_reapplied(setup, tmp_path):
     result = apply_mod.apply_series(load(root), tree, **quiet)
     assert [o.state for o in result.outcomes] == ["applied", "upstream", "applied"]
     assert (tree / "vllm/registry.py").read_text().count("SPARSE") == 1
+    head = proc.git_out(tree, "rev-parse", "HEAD")
+    said = []
+    again = apply_mod.apply_series(load(root), tree, echo=said.append)  # rerun: still a no-op
+    assert [o.state for o in again.outcomes] == ["already-applied", "upstream", "already-applied"]
+    assert "1 already upstream" in said[0] and proc.git_out(tree, "rev-parse", "HEAD") == head
+    # exporting now would lose the upstream patch: only with --prune
+    with pytest.raises(ExportError, match="would drop 0002-Register-the-backend.patch"):
+        export_mod.export(tree, root / "patches")
 
 
 def test_export_is_byte_stable_and_reproduces_the_series(setup):
@@ -138,7 +146,10 @@ def test_export_after_edit_rewrites_only_changed_files_and_drops_stale(setup):
     apply_mod.apply_series(load(root), tree, **quiet)
     proc.git(tree, "reset", "-q", "--hard", "HEAD~1")  # drop patch 3
     commit_change(tree, {"vllm/registry.py": "A = 1\nB = 2\nSPARSE = 10\nC = 3\n"}, "Tune the registry")
-    result = export_mod.export(tree, root / "patches")
+    with pytest.raises(ExportError, match="would drop 0003-Prefer-the-backend-on-CUDA.patch"):
+        export_mod.export(tree, root / "patches")
+    assert (root / "patches/0003-Prefer-the-backend-on-CUDA.patch").is_file()
+    result = export_mod.export(tree, root / "patches", prune=True)
     assert result.unchanged == ["0001-Add-the-kernel-module.patch", "0002-Register-the-backend.patch"]
     assert result.written == ["0003-Tune-the-registry.patch"]
     assert result.removed == ["0003-Prefer-the-backend-on-CUDA.patch"]
@@ -240,3 +251,39 @@ def test_cli_exit_codes_and_hints(setup):
     assert missing.exit_code == TreeStateError.exit_code and "smla fetch" in missing.output
     js = runner.invoke(main, ["--root", str(root), "--tree", str(tree), "status", "--json"])
     assert js.exit_code == 0 and '"uncommitted"' in js.output
+
+
+def test_fetch_force_refuses_to_lose_unexported_work(setup):
+    root, tree, _ = setup
+    apply_mod.apply_series(load(root), tree, **quiet)
+    commit_change(tree, {"vllm/new.py": "x = 1\n"}, "Unexported fix")
+    runner = CliRunner()
+    args = ["--root", str(root), "--tree", str(tree), "fetch", "--force", "--source", "git"]
+    refused = runner.invoke(main, args)
+    assert refused.exit_code == TreeStateError.exit_code, refused.output
+    assert "Unexported fix" in refused.output and "--discard" in refused.output
+    assert subjects(tree)[-1] == "Unexported fix"
+    export_mod.export(tree, root / "patches")  # saved: now replacing is allowed
+    ok = runner.invoke(main, args)
+    assert ok.exit_code == 0, ok.output
+    assert subjects(tree) == []
+    (tree / "README.md").write_text("scratch\n")
+    assert runner.invoke(main, args).exit_code == TreeStateError.exit_code
+    assert runner.invoke(main, [*args, "--discard"]).exit_code == 0
+    assert (tree / "README.md").read_text() == "upstream\n"
+
+
+def test_commands_refuse_a_stopped_rebase(setup):
+    root, tree, _ = setup
+    apply_mod.apply_series(load(root), tree, **quiet)
+    state = tree / ".git" / source.REBASE_STATE_DIR / "state.json"
+    state.parent.mkdir()
+    state.write_text("{}")
+    for call in (lambda: apply_mod.apply_series(load(root), tree, **quiet),
+                 lambda: export_mod.export(tree, root / "patches"),
+                 lambda: source.fetch(pin_for("x", "5" * 40), tree, "git",
+                                      force=True, **quiet)):
+        with pytest.raises(TreeStateError, match="rebase` is stopped"):
+            call()
+    s = status_mod.status(pin_for("x", "5" * 40), tree, load(root))
+    assert s["rebase_in_progress"] is True

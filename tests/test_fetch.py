@@ -11,7 +11,7 @@ import pytest
 from tools import cache, pin as pin_mod, proc, source
 from tools.errors import ChecksumError, FetchError, PinError, TreeStateError
 
-from gitfixtures import make_sdist, make_upstream, pin_for
+from gitfixtures import FILES, make_sdist, make_upstream, pin_for
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -197,3 +197,33 @@ def test_local_sdist_path_is_verified(tmp_path):
         source.fetch(pin_for("x", "4" * 40, "f" * 64), tmp_path / "tree", str(sdist), echo=lambda *_: None)
     info = source.fetch(pin_for("x", "4" * 40, sha), tmp_path / "tree", str(sdist), echo=lambda *_: None)
     assert info.source == "sdist"
+
+
+def test_pin_without_sdist_is_fetched_with_git_only(tmp_path, index):
+    upstream, commit = make_upstream(tmp_path)
+    nightly = pin_for(upstream, commit).with_changes(sdist="none", sdist_sha256="none")
+    with pytest.raises(FetchError, match="not a release"):
+        source.fetch(nightly, tmp_path / "t1", "sdist", echo=lambda *_: None)
+    unreachable = nightly.with_changes(repo="http://127.0.0.1:9/nowhere.git")
+    with pytest.raises(FetchError, match="names no sdist"):
+        source.fetch(unreachable, tmp_path / "t2", "auto", echo=lambda *_: None)
+    assert source.fetch(nightly, tmp_path / "t3", "auto", echo=lambda *_: None).source == "git"
+    with pytest.raises(PinError, match="both be 'none'"):
+        nightly.with_changes(sdist_sha256="a" * 64)
+
+
+def test_sdist_recording_another_commit_is_refused(tmp_path):
+    files = {**FILES, "vllm/_version.py": "__commit_id__ = commit_id = 'gabcdef123'\n"}
+    sdist, sha = make_sdist(tmp_path, files)
+    with pytest.raises(FetchError, match="holds vLLM commit abcdef123"):
+        source.fetch(pin_for("x", "4" * 40, sha), tmp_path / "tree", str(sdist), echo=lambda *_: None)
+    info = source.fetch(pin_for("x", "abcdef123" + "0" * 31, sha), tmp_path / "tree", str(sdist),
+                        echo=lambda *_: None)
+    assert info.source == "sdist"
+
+
+def test_tree_path_that_is_a_file_is_a_clear_error(tmp_path):
+    upstream, commit = make_upstream(tmp_path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(TreeStateError, match="is a file"):
+        source.fetch(pin_for(upstream, commit), tmp_path / "file", "git", echo=lambda *_: None)

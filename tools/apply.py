@@ -25,7 +25,7 @@ from pathlib import Path
 from tools import proc
 from tools.errors import ApplyError, TreeStateError
 from tools.series import Patch, Series, check_no_symlinks
-from tools.source import BASE_TAG, TreeInfo, read_tree_info
+from tools.source import BASE_TAG, TreeInfo, read_tree_info, rebase_in_progress
 
 APPLIED = "applied"
 ALREADY = "already-applied"
@@ -65,11 +65,22 @@ class ApplyResult:
         }
 
 
-def require_tree(tree: Path) -> TreeInfo:
+def require_tree(tree: Path, *, during_rebase: bool = False) -> TreeInfo:
+    """The tree's TreeInfo; refuses a missing tree and, unless `during_rebase`, a stopped rebase."""
     info = read_tree_info(tree)
     if info is None:
         raise TreeStateError(f"no smla work tree at {tree}", hint="run `smla fetch` (or `make patch`) first")
+    if not during_rebase and rebase_in_progress(tree):
+        raise TreeStateError(
+            f"a `smla rebase` is stopped in {tree}",
+            hint="finish it with `smla rebase --continue` or undo it with `smla rebase --abort`",
+        )
     return info
+
+
+def reverse_applies(tree: Path, patch: Patch) -> bool:
+    """True when the patch's change is already in `tree` (it reverse-applies cleanly)."""
+    return proc.git(tree, "apply", "--check", "-R", "--", patch.path.resolve(), check=False).returncode == 0
 
 
 def dirty_files(tree: Path) -> list[str]:
@@ -120,6 +131,10 @@ def apply_series(series: Series, tree: Path, *, force: bool = False, fuzz: int =
         PatchOutcome(p.name, p.subject, ALREADY if p.name in applied else PENDING) for p in series.patches
     ]
     last_applied = max((i for i, o in enumerate(outcomes) if o.state == ALREADY), default=-1)
+    # A patch skipped as upstream on an earlier run has no commit: recognise it again.
+    for patch, o in zip(series.patches[:last_applied], outcomes[:last_applied]):
+        if o.state == PENDING and reverse_applies(tree, patch):
+            o.state = UPSTREAM
     if last_applied >= 0 and any(o.state == PENDING for o in outcomes[:last_applied]):
         raise TreeStateError(
             f"work tree {tree} has later patches applied but not earlier ones",
@@ -127,7 +142,9 @@ def apply_series(series: Series, tree: Path, *, force: bool = False, fuzz: int =
         )
     pending = [(p, o) for p, o in zip(series.patches, outcomes) if o.state == PENDING]
     if not pending:
-        echo(f"all {len(outcomes)} patches already applied to {tree}; nothing to do")
+        upstream = sum(o.state == UPSTREAM for o in outcomes)
+        note = f" ({upstream} already upstream)" if upstream else ""
+        echo(f"all {len(outcomes)} patches already applied to {tree}{note}; nothing to do")
         return ApplyResult(tree, info.base, proc.git_out(tree, "rev-parse", "HEAD"), outcomes)
 
     head = proc.git_out(tree, "rev-parse", "HEAD")
@@ -168,8 +185,7 @@ def _apply_one(patch: Patch, outcome: PatchOutcome, worktree: Path, fuzz: int) -
                  patch.path.resolve())
         outcome.state = APPLIED
         return
-    reverse = proc.git(worktree, "apply", "--check", "-R", "--", patch.path.resolve(), check=False)
-    if reverse.returncode == 0:
+    if reverse_applies(worktree, patch):
         outcome.state = UPSTREAM
         return
     raise failure(patch, check.stderr, worktree)

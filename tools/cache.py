@@ -92,8 +92,10 @@ def fetch(
     tmp = Path(tmp_name)
     digest = hashlib.sha256()
     try:
+        if callable(url):
+            url = url()
         with os.fdopen(fd, "wb") as out:
-            _stream(url() if callable(url) else url, out, digest, what or dest.name, quiet)
+            _stream(url, out, digest, what or dest.name, quiet)
         got = digest.hexdigest()
         if got != sha256:
             raise ChecksumError(

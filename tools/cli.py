@@ -75,11 +75,15 @@ def main(ctx, root, tree, verbose):
 @click.option("--source", "source_", default="auto", show_default=True, metavar="auto|git|sdist|PATH",
               help="Where vLLM comes from: the pin's git repo, the PyPI sdist of the pinned release, "
                    "a local checkout/mirror, or a local sdist file. `auto` tries git, then the sdist.")
-@click.option("--force", is_flag=True, help="Replace an existing work tree that is at another commit.")
+@click.option("--force", is_flag=True,
+              help="Replace an existing work tree (refused while it holds work not in patches/).")
+@click.option("--discard", is_flag=True, help="With --force: replace it even if that loses unexported work.")
 @pass_ctx
 @_handle_errors
-def fetch(c: Ctx, source_, force):
+def fetch(c: Ctx, source_, force, discard):
     """Make a git work tree of vLLM at the pinned commit (tag smla-base)."""
+    if force and not discard and c.tree.is_dir():
+        status_mod.check_replaceable(c.tree, series.load(c.project.patches_dir, allow_empty=True))
     source.fetch(c.project.pin(), c.tree, source_, force=force, echo=click.echo)
 
 
@@ -131,12 +135,14 @@ def status(c: Ctx, as_json):
 
 @main.command()
 @click.option("--allow-dirty", is_flag=True, help="Export even though uncommitted changes exist (they are not exported).")
+@click.option("--prune", is_flag=True,
+              help="Drop listed patches that no commit carries (e.g. merged upstream); refused otherwise.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
 @_handle_errors
-def export(c: Ctx, allow_dirty, as_json):
+def export(c: Ctx, allow_dirty, prune, as_json):
     """Regenerate patches/*.patch and patches/series from the commits above the base."""
-    result = export_mod.export(c.tree, c.project.patches_dir, allow_dirty=allow_dirty)
+    result = export_mod.export(c.tree, c.project.patches_dir, allow_dirty=allow_dirty, prune=prune)
     data = result.to_dict()
     click.echo(report.to_json(data) if as_json else report.export_text(data), nl=False)
 

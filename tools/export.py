@@ -14,9 +14,9 @@ from pathlib import Path
 
 from tools import proc
 from tools.apply import commits_above_base, dirty_files, require_tree
-from tools.errors import ExportError, TreeStateError
+from tools.errors import ExportError, SeriesError, TreeStateError
 from tools.fsutil import atomic_write_bytes, atomic_write_text
-from tools.series import SERIES_FILE
+from tools.series import SERIES_FILE, parse_patch, read_series_file
 from tools.source import BASE_TAG
 
 FORMAT_PATCH_ARGS = (
@@ -61,8 +61,12 @@ def render(tree: Path) -> dict[str, bytes]:
         return {f.name: f.read_bytes() for f in files}
 
 
-def export(tree: Path, patches_dir: Path, *, allow_dirty: bool = False) -> ExportResult:
-    require_tree(tree)
+def export(
+    tree: Path, patches_dir: Path, *, allow_dirty: bool = False, prune: bool = False, during_rebase: bool = False
+) -> ExportResult:
+    """Write the commits above the base as patches/. Refuses to drop a listed
+    patch that no commit carries (not applied yet, or gone upstream) unless `prune`."""
+    require_tree(tree, during_rebase=during_rebase)
     dirty = dirty_files(tree)
     if dirty and not allow_dirty:
         raise TreeStateError(
@@ -70,6 +74,14 @@ def export(tree: Path, patches_dir: Path, *, allow_dirty: bool = False) -> Expor
             hint="commit them in the work tree (one commit per concern), then export again",
         )
     rendered = render(tree)
+    if not prune:
+        dropped = _dropped(patches_dir, tree)
+        if dropped:
+            raise ExportError(
+                f"export would drop {', '.join(dropped)} from the series: no commit above the base in {tree} carries "
+                + ("it" if len(dropped) == 1 else "them"),
+                hint="apply the series first (`smla apply`), or pass --prune to drop them (e.g. merged upstream)",
+            )
     result = ExportResult(patches_dir, list(rendered))
     patches_dir.mkdir(parents=True, exist_ok=True)
     for name, data in rendered.items():
@@ -83,3 +95,22 @@ def export(tree: Path, patches_dir: Path, *, allow_dirty: bool = False) -> Expor
             result.removed.append(stale.name)
     atomic_write_text(patches_dir / SERIES_FILE, "".join(f"{n}\n" for n in rendered))
     return result
+
+
+def _dropped(patches_dir: Path, tree: Path) -> list[str]:
+    """Listed patches whose subject no commit above the base has."""
+    try:
+        names = read_series_file(patches_dir)
+    except SeriesError:
+        return []  # no (valid) series yet: nothing to lose
+    subjects = {s for _, s in commits_above_base(tree)}
+    dropped = []
+    for name in names:
+        path = patches_dir / name
+        try:
+            subject = parse_patch(path).subject if path.is_file() else None
+        except SeriesError:
+            subject = None
+        if subject is None or subject not in subjects:
+            dropped.append(name)
+    return dropped

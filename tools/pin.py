@@ -2,7 +2,9 @@
 
 Format: `key = value` lines; `#` starts a comment. Keys are fixed (KEYS);
 unknown keys, a malformed commit or checksum, or a missing key are errors
-that name the file and line.
+that name the file and line. `sdist = none` with `sdist_sha256 = none` says
+that no release sdist holds the pinned commit (a nightly after
+`smla rebase --onto <commit>`): such a pin is fetched with git only.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 from tools.errors import PinError
 
 KEYS = ("repo", "commit", "version", "sdist", "sdist_sha256")
+NONE = "none"
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*([a-z0-9.+-]*)$")
@@ -27,6 +30,10 @@ class Pin:
     sdist_sha256: str
 
     @property
+    def has_sdist(self) -> bool:
+        return self.sdist != NONE
+
+    @property
     def short(self) -> str:
         return self.commit[:12]
 
@@ -38,14 +45,18 @@ class Pin:
     def validate(self, where: str) -> None:
         if not _HEX40.match(self.commit):
             raise PinError(f"{where}: commit must be 40 lowercase hex digits, got {self.commit!r}")
-        if not _HEX64.match(self.sdist_sha256):
-            raise PinError(f"{where}: sdist_sha256 must be 64 lowercase hex digits")
         if not _VERSION.match(self.version):
             raise PinError(f"{where}: version {self.version!r} is not a release version")
-        if "/" in self.sdist or not self.sdist.endswith((".tar.gz", ".zip")):
-            raise PinError(f"{where}: sdist must be a file name like vllm-X.Y.Z.tar.gz")
         if self.repo.startswith("-"):
             raise PinError(f"{where}: repo must be a URL or path, not an option")
+        if (self.sdist == NONE) != (self.sdist_sha256 == NONE):
+            raise PinError(f"{where}: sdist and sdist_sha256 must both be 'none' or both be set")
+        if self.sdist == NONE:
+            return
+        if not _HEX64.match(self.sdist_sha256):
+            raise PinError(f"{where}: sdist_sha256 must be 64 lowercase hex digits")
+        if "/" in self.sdist or not self.sdist.endswith((".tar.gz", ".zip")):
+            raise PinError(f"{where}: sdist must be a file name like vllm-X.Y.Z.tar.gz (or none)")
 
 
 def load(path: Path) -> Pin:
@@ -53,7 +64,11 @@ def load(path: Path) -> Pin:
     if not path.is_file():
         raise PinError(f"pin file not found: {path}", hint="run smla from the toolkit's checkout")
     values: dict[str, str] = {}
-    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PinError(f"{path}: not UTF-8 text ({exc})") from exc
+    for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue

@@ -124,6 +124,8 @@ def git(
             kill_after_timeout=timeout,
             istream=istream,
         )
+    except gitpython.exc.GitCommandNotFound as exc:
+        raise CommandError("program not found: git", hint="install git") from exc
     finally:
         if istream is not None:
             istream.close()

@@ -34,7 +34,6 @@ import json
 import re
 import shutil
 import sys
-import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +48,7 @@ from tools.fsutil import atomic_write_bytes, atomic_write_text
 from tools.project import Project
 from tools.series import SERIES_FILE
 
-STATE_DIR = "smla-rebase"  # inside the tree's .git
+STATE_DIR = source.REBASE_STATE_DIR
 WORK_BRANCH = "smla-rebase"
 STATE_VERSION = 1
 
@@ -75,7 +74,6 @@ DESCRIPTIONS = {
 _VERSION_TARGET = re.compile(r"^[0-9]+(\.[0-9]+)+([a-z0-9.+-]*)$")
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
-_COMMIT_ID = re.compile(r"""^__commit_id__\s*=\s*commit_id\s*=\s*['"]g?([0-9a-f]{7,40})['"]""", re.M)
 
 
 # --------------------------------------------------------------------------- data
@@ -431,7 +429,7 @@ def _finish(project: Project, tree: Path, state: dict, outs: list[Outcome], run_
 
     patches_dir = Path(state["patches_dir"])
     if apply_mod.commits_above_base(tree):
-        exported = export_mod.export(tree, patches_dir).to_dict()
+        exported = export_mod.export(tree, patches_dir, prune=True, during_rebase=True).to_dict()
     else:  # every patch is upstream now: an empty series
         for stale in patches_dir.glob("*.patch"):
             stale.unlink()
@@ -541,9 +539,9 @@ def _resolve_commit(spec: str, pin: pin_mod.Pin, source_spec: str) -> Target:
     elif not _HEX40.match(spec):
         raise UsageError(f"--onto {spec}: give the full 40-hex commit id when fetching from {url}",
                          hint=f"e.g. `git ls-remote {url} refs/heads/main`")
-    notes = [f"vLLM commit {commit[:12]} is not a release: the pin keeps version {pin.version} and "
-             f"sdist {pin.sdist} (the last release); fetch this pin with --source git, not sdist"]
-    return Target(spec, "commit", commit, pin.version, pin.sdist, pin.sdist_sha256, "git", notes,
+    notes = [f"vLLM commit {commit[:12]} is not a release: the pin keeps version {pin.version} "
+             f"(the last release) and sets sdist = none, so this pin is fetched with git only"]
+    return Target(spec, "commit", commit, pin.version, pin_mod.NONE, pin_mod.NONE, "git", notes,
                   fetch_from=url)
 
 
@@ -553,7 +551,7 @@ def _resolve_version(spec: str, pin: pin_mod.Pin, source_spec: str, given: str |
     if not re.fullmatch(r"[0-9a-f]{64}", sha or ""):
         raise FetchError(f"the package index gives no sha256 for {name}")
     archive = cache.fetch(url, cache.cache_dir() / "downloads" / name, sha, what=name)
-    short = sdist_commit(archive)
+    short = source.sdist_commit(archive)
     notes = []
     commit = None
     if given:
@@ -575,21 +573,6 @@ def _resolve_version(spec: str, pin: pin_mod.Pin, source_spec: str, given: str |
                  "or --source <local vLLM mirror>",
         )
     return Target(spec, "version", commit, spec, name, sha, "sdist", notes, archive=str(archive))
-
-
-def sdist_commit(archive: Path) -> str | None:
-    """The (abbreviated) commit id a vLLM sdist records in vllm/_version.py, if any."""
-    try:
-        with tarfile.open(archive) as tf:
-            for member in tf:
-                parts = member.name.split("/")
-                if len(parts) == 3 and parts[1:] == ["vllm", "_version.py"] and member.isfile():
-                    fh = tf.extractfile(member)
-                    m = _COMMIT_ID.search(fh.read().decode("utf-8", "replace")) if fh else None
-                    return m.group(1) if m else None
-    except (tarfile.TarError, OSError) as exc:
-        raise FetchError(f"cannot read {archive}: {exc}") from exc
-    return None
 
 
 def _full_commit(short: str, version: str, pin: pin_mod.Pin, source_spec: str) -> str | None:
@@ -665,7 +648,11 @@ def _load_state(tree: Path) -> dict:
     p = state_path(tree)
     if p is None or not p.is_file():
         raise TreeStateError(f"no rebase in progress in {tree}", hint="start one with `smla rebase --onto ...`")
-    state = json.loads(p.read_text())
+    try:
+        state = json.loads(p.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TreeStateError(f"{p} is corrupt ({exc})",
+                             hint=f"inspect it, or remove {p.parent} and reset the tree by hand") from exc
     if state.get("version") != STATE_VERSION:
         raise TreeStateError(f"{p} was written by another version of smla")
     state["tree"] = str(tree)

@@ -72,7 +72,11 @@ def read_series_file(directory: Path) -> list[str]:
     if not path.is_file():
         raise SeriesError(f"{path} not found", hint="run `smla export` from a patched tree to create it")
     names = []
-    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SeriesError(f"{path}: not UTF-8 text ({exc})") from exc
+    for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue

@@ -17,6 +17,7 @@ the tree's git config records which upstream commit and release it holds.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import tarfile
 import tempfile
@@ -24,12 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools import cache, proc
-from tools.errors import CommandError, FetchError, TreeStateError
+from tools.errors import ChecksumError, CommandError, FetchError, TreeStateError
+from tools.fsutil import sha256_file
 from tools.pin import Pin
 
 log = logging.getLogger("smla.source")
 
 BASE_TAG = "smla-base"
+# Where `smla rebase` keeps its state while stopped on a conflict (inside .git).
+REBASE_STATE_DIR = "smla-rebase"
 BRANCH = "smla"
 # Fixed dates make a base commit made from an sdist identical on every machine.
 FIXED_DATE = "2000-01-01T00:00:00+0000"
@@ -74,8 +78,27 @@ def read_tree_info(tree: Path) -> TreeInfo | None:
     )
 
 
+def rebase_in_progress(tree: Path) -> bool:
+    """True while a `smla rebase` is stopped in `tree` (its state file exists)."""
+    if not (tree / ".git").exists():
+        return False
+    rel = Path(proc.git_out(tree, "rev-parse", "--git-path", f"{REBASE_STATE_DIR}/state.json"))
+    return (rel if rel.is_absolute() else tree / rel).is_file()
+
+
 def fetch(pin: Pin, tree: Path, source: str = "auto", *, force: bool = False, echo=print) -> TreeInfo:
-    """Ensure `tree` is a work tree at `pin`. Returns its TreeInfo."""
+    """Ensure `tree` is a work tree at `pin`. Returns its TreeInfo.
+
+    With force, an existing smla tree at another commit is replaced; callers
+    check first that it holds no unsaved work (status.check_replaceable).
+    """
+    if tree.exists() and not tree.is_dir():
+        raise TreeStateError(f"{tree} is a file, not a work tree directory", hint="pass another --tree")
+    if rebase_in_progress(tree):
+        raise TreeStateError(
+            f"a `smla rebase` is stopped in {tree}",
+            hint="finish it with `smla rebase --continue` or undo it with `smla rebase --abort`",
+        )
     info = read_tree_info(tree)
     if info is not None and not force:
         if info.upstream_commit == pin.commit:
@@ -124,6 +147,11 @@ def _fill(pin: Pin, repo: Path, source: str, echo) -> str:
             _from_git(pin.repo, pin.commit, repo)
             return "git"
         except FetchError as exc:
+            if not pin.has_sdist:
+                raise FetchError(
+                    f"{exc.message.splitlines()[0]}; and the pin names no sdist to fall back to",
+                    hint="use `--source PATH` with a local vLLM checkout or mirror",
+                ) from exc
             echo(f"git remote unreachable ({exc.message.splitlines()[0]}); using the PyPI sdist {pin.sdist}")
             shutil.rmtree(repo / ".git", ignore_errors=True)
             _from_sdist(pin, sdist_path(pin), repo)
@@ -142,6 +170,11 @@ def _fill(pin: Pin, repo: Path, source: str, echo) -> str:
 
 def sdist_path(pin: Pin) -> Path:
     """The verified cached sdist of the pinned release (downloaded when missing)."""
+    if not pin.has_sdist:
+        raise FetchError(
+            f"the pinned commit {pin.short} is not a release: no sdist holds it (sdist = none)",
+            hint="fetch it with git: `smla fetch --source git`, or `--source PATH` of a mirror",
+        )
     dest = cache.cache_dir() / "downloads" / pin.sdist
     return cache.fetch(
         lambda: cache.pypi_file("vllm", pin.sdist)[0], dest, pin.sdist_sha256, what=pin.sdist
@@ -194,15 +227,37 @@ def commit_snapshot(repo: Path, message: str) -> str:
     return proc.git_out(repo, "rev-parse", "HEAD")
 
 
-def _from_sdist(pin: Pin, archive: Path, repo: Path, *, verify: bool = False) -> None:
-    if verify:
-        from tools.fsutil import sha256_file
+_COMMIT_ID = re.compile(r"""^__commit_id__\s*=\s*commit_id\s*=\s*['"]g?([0-9a-f]{7,40})['"]""", re.M)
 
+
+def sdist_commit(archive: Path) -> str | None:
+    """The (abbreviated) commit id a vLLM sdist records in vllm/_version.py, if any."""
+    try:
+        with tarfile.open(archive) as tf:
+            for member in tf:
+                parts = member.name.split("/")
+                if len(parts) == 3 and parts[1:] == ["vllm", "_version.py"] and member.isfile():
+                    fh = tf.extractfile(member)
+                    m = _COMMIT_ID.search(fh.read().decode("utf-8", "replace")) if fh else None
+                    return m.group(1) if m else None
+    except (tarfile.TarError, OSError) as exc:
+        raise FetchError(f"cannot read {archive}: {exc}") from exc
+    return None
+
+
+def _from_sdist(pin: Pin, archive: Path, repo: Path, *, verify: bool = False) -> None:
+    if not pin.has_sdist:
+        sdist_path(pin)  # raises: a no-sdist pin is never filled from an archive
+    if verify:
         got = sha256_file(archive)
         if got != pin.sdist_sha256:
-            from tools.errors import ChecksumError
-
             raise ChecksumError(f"{archive}: sha256 {got} does not match the pin's {pin.sdist_sha256}")
+    recorded = sdist_commit(archive)
+    if recorded and not pin.commit.startswith(recorded):
+        raise FetchError(
+            f"{archive.name} holds vLLM commit {recorded}, but the pin is {pin.short}",
+            hint="the pin's sdist does not match its commit; fix vllm-pin.txt or fetch with --source git",
+        )
     unpack_sdist(archive, repo)
     proc.git(repo, "init", "-q")
     commit_snapshot(repo, f"vLLM {pin.version} (sdist {pin.sdist})\n\nUpstream-Commit: {pin.commit}\n")

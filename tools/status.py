@@ -3,25 +3,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools import proc
-from tools.apply import ALREADY, PENDING, dirty_files, match_series, require_tree
-from tools.errors import ExportError
+from tools.apply import ALREADY, PENDING, dirty_files, match_series, require_tree, reverse_applies
+from tools.errors import ExportError, TreeStateError
 from tools.export import render
 from tools.pin import Pin
 from tools.series import Series
+from tools.source import read_tree_info, rebase_in_progress
 
 
 def status(pin: Pin, tree: Path, series: Series) -> dict:
     """A JSON-ready description of the tree: base, patches, local edits."""
-    info = require_tree(tree)
+    info = require_tree(tree, during_rebase=True)
     applied, extra = match_series(series, tree)
     patches = []
     for p in series.patches:
         state = ALREADY if p.name in applied else PENDING
-        if state == PENDING:
-            rev = proc.git(tree, "apply", "--check", "-R", "--", p.path.resolve(), check=False)
-            if rev.returncode == 0:
-                state = "upstream"
+        if state == PENDING and reverse_applies(tree, p):
+            state = "upstream"
         patches.append({"name": p.name, "subject": p.subject, "state": state})
     try:
         rendered = render(tree)
@@ -42,4 +40,33 @@ def status(pin: Pin, tree: Path, series: Series) -> dict:
         "local_commits": [{"commit": c, "subject": s} for c, s in extra],
         "uncommitted": dirty_files(tree),
         "unexported": unexported,
+        "rebase_in_progress": rebase_in_progress(tree),
     }
+
+
+def unsaved_work(tree: Path, series: Series) -> list[str]:
+    """What replacing `tree` would lose: uncommitted edits, commits not in patches/."""
+    items = [f"uncommitted change: {f}" for f in dirty_files(tree)]
+    _, extra = match_series(series, tree)
+    items += [f"commit not in the series: {c[:12]} {s}" for c, s in extra]
+    try:
+        rendered = render(tree)
+    except ExportError:
+        rendered = {}
+    on_disk = {p.name: p.path.read_bytes() for p in series.patches}
+    items += [f"committed but not exported: {n}" for n, d in rendered.items()
+              if on_disk.get(n) != d and not any(n in i for i in items)]
+    return items
+
+
+def check_replaceable(tree: Path, series: Series) -> None:
+    """Refuse to replace a work tree that holds work not saved in patches/."""
+    if read_tree_info(tree) is None:
+        return
+    lost = unsaved_work(tree, series)
+    if lost:
+        raise TreeStateError(
+            f"work tree {tree} holds work that is not in patches/: " + "; ".join(lost[:5])
+            + (" ..." if len(lost) > 5 else ""),
+            hint="save it with `smla export` (commit first), or add --discard to throw it away",
+        )

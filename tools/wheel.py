@@ -220,6 +220,11 @@ def base_wheel_path(pin: Pin, explicit: Path | None = None, *, quiet: bool = Fal
         if not explicit.is_file():
             raise WheelError(f"--base-wheel {explicit}: no such file")
         return explicit
+    if not pin.has_sdist:
+        raise WheelError(
+            f"the pinned commit {pin.short} is not a release: no official wheel matches it",
+            hint="pass --base-wheel PATH (a wheel built from that commit), or use --from-source",
+        )
     name, sha = official_wheel_name(pin)
     dest = cache.cache_dir() / "downloads" / name
     if sha is None:
