@@ -33,8 +33,9 @@ sys.path.insert(0, str(HERE))
 # Per-block shared-memory limit (opt-in maximum, bytes) by compute capability.
 SMEM_LIMIT = {
     80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376,
+    121: 101376,
 }
-ARCHES = [80, 86, 89, 90, 100, 120]
+ARCHES = [80, 86, 89, 90, 100, 120, 121]
 
 
 def _signature(fn, dt, ptr_types, constexpr_names, float_names=()):

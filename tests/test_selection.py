@@ -63,11 +63,43 @@ def _cell(preset, cap, dtype, backend=None, kv="auto"):
     return H.Cell(preset, cap, dtype, kv_cache_dtype=kv, backend=backend).key()
 
 
-def test_print_table(patched, pristine):
+def _table_rows(table: str) -> dict[tuple[str, str, str], tuple[str, str, str]]:
+    """format_table output -> {(preset, cc, dtype): (kv_cache, requested, selected)}."""
+    lines = table.splitlines()
+    assert lines[0].split() == ["preset", "cc", "dtype", "kv_cache", "requested", "selected"]
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    rows = {}
+    for line in lines[2:]:
+        preset, cc, dtype, kv, req, sel = line.split(maxsplit=5)
+        assert (preset, cc, dtype) not in rows, line
+        rows[(preset, cc, dtype)] = (kv, req, sel)
+    return rows
+
+
+def test_format_table(patched, pristine):
+    """The CLI table (tools/selection.py) has one row per matrix cell: the
+    patched tree picks FLASHMLA_SPARSE on sm90/sm100 bf16 and
+    TRITON_MLA_SPARSE elsewhere; the pristine tree errors on the other 12."""
     auto = [r for r in patched.values()
             if r["backend"] is None and r["kv_cache_dtype"] == "auto"]
-    print("\npatched:\n" + H.format_table(auto))
-    print("\npristine:\n" + H.format_table(list(pristine.values())))
+    table = H.format_table(auto)
+    print("\npatched:\n" + table)
+    rows = _table_rows(table)
+    assert sorted(rows) == sorted(MATRIX)
+    for (preset, cap, dtype), (kv, req, sel) in rows.items():
+        assert (kv, req, sel) == ("auto", "auto", expected_pick(cap, dtype))
+
+    table = H.format_table(list(pristine.values()))
+    print("\npristine:\n" + table)
+    rows = _table_rows(table)
+    assert sorted(rows) == sorted(MATRIX)
+    for (preset, cap, dtype), (kv, req, sel) in rows.items():
+        assert (kv, req) == ("auto", "auto")
+        if expected_pick(cap, dtype) == "FLASHMLA_SPARSE":
+            assert sel == "FLASHMLA_SPARSE"
+        else:
+            assert sel == "ERROR: No valid attention backend found for cuda", sel
+    assert NEW not in table
 
 
 @pytest.mark.parametrize("preset,cap,dtype", MATRIX)
