@@ -48,8 +48,9 @@ rebase: $(STAMP)
 test: patch
 	$(PYTEST) -m "not gpu" $(PYTEST_ARGS)
 
+# tests/gpu only: the CPU kernel tests set TRITON_INTERPRET=1 for their whole process.
 test-gpu: patch
-	$(PYTEST) -m gpu $(PYTEST_ARGS)
+	$(PYTEST) -m gpu tests/gpu $(PYTEST_ARGS)
 
 # WHEEL_ARGS, not ARGS: the `patch` prerequisite already passes $(ARGS) to `smla patch`.
 build-wheel: patch
