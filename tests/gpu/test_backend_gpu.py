@@ -54,6 +54,20 @@ def backend_mod(vllm_tree):
     return triton_mla_sparse
 
 
+def _make_impl(backend_mod, heads, scale, indexer):
+    """TritonMLASparseImpl with GLM-5's MLA geometry; `indexer` is a stand-in
+    holding only topk_indices_buffer."""
+    return backend_mod.TritonMLASparseImpl(
+        num_heads=heads, head_size=LORA + ROPE, scale=scale, num_kv_heads=1,
+        alibi_slopes=None, sliding_window=None, kv_cache_dtype="auto",
+        logits_soft_cap=None, attn_type="decoder",
+        kv_sharing_target_layer_name=None,
+        q_lora_rank=2048, kv_lora_rank=LORA, qk_nope_head_dim=192,
+        qk_rope_head_dim=ROPE, qk_head_dim=192 + ROPE, v_head_dim=256,
+        kv_b_proj=None, indexer=indexer,
+    )
+
+
 def _batch(dtype, heads, device, gen):
     num_reqs = len(REQUESTS)
     q_lens = [q for q, _ in REQUESTS]
@@ -131,15 +145,7 @@ def test_forward_mqa_mixed_batch_with_stand_ins(backend_mod, dtype, heads):
     topk_buffer[: b["T"]] = b["topk"].to(device)
     indexer = SimpleNamespace(topk_indices_buffer=topk_buffer)
     scale = (192 + ROPE) ** -0.5
-    impl = backend_mod.TritonMLASparseImpl(
-        num_heads=heads, head_size=LORA + ROPE, scale=scale, num_kv_heads=1,
-        alibi_slopes=None, sliding_window=None, kv_cache_dtype="auto",
-        logits_soft_cap=None, attn_type="decoder",
-        kv_sharing_target_layer_name=None,
-        q_lora_rank=2048, kv_lora_rank=LORA, qk_nope_head_dim=192,
-        qk_rope_head_dim=ROPE, qk_head_dim=192 + ROPE, v_head_dim=256,
-        kv_b_proj=None, indexer=indexer,
-    )
+    impl = _make_impl(backend_mod, heads, scale, indexer)
     q = b["q"]
     out, lse = impl.forward_mqa((q[..., :LORA], q[..., LORA:]), b["kv_cache"],
                                 md, layer=None)
@@ -249,15 +255,7 @@ def test_cuda_graph_capture_replay_mixed_batch_with_stand_ins(backend_mod, dtype
     )
     builder = builder_cls(SimpleNamespace(block_size=BLOCK), ["layer.0"], vllm_config, device)
     scale = (192 + ROPE) ** -0.5
-    impl = backend_mod.TritonMLASparseImpl(
-        num_heads=heads, head_size=LORA + ROPE, scale=scale, num_kv_heads=1,
-        alibi_slopes=None, sliding_window=None, kv_cache_dtype="auto",
-        logits_soft_cap=None, attn_type="decoder",
-        kv_sharing_target_layer_name=None,
-        q_lora_rank=2048, kv_lora_rank=LORA, qk_nope_head_dim=192,
-        qk_rope_head_dim=ROPE, qk_head_dim=192 + ROPE, v_head_dim=256,
-        kv_b_proj=None, indexer=SimpleNamespace(topk_indices_buffer=topk_buf),
-    )
+    impl = _make_impl(backend_mod, heads, scale, SimpleNamespace(topk_indices_buffer=topk_buf))
 
     def load_step(s):
         """Write step `s` into the persistent buffers and rebuild metadata."""
