@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU tests on a machine without network access (the lent H200): install the
-# pure-Python wheels of .bundle (see ../shared/device/README.md, make-bundle.sh)
+# wheels of .bundle (made beforehand with tests/gpu/make-bundle.sh, on a machine with network)
 # into /tmp/site, then run the gpu-marked tests against the carried work tree.
 # usage (from the repo root): bash tests/gpu/device-run.sh [pytest args]
 # Results: $OUT/gpu-results.jsonl (one line per kernel case) and $OUT/gpu-tests.log.
