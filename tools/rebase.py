@@ -193,7 +193,7 @@ def start(
 ) -> RebaseResult:
     """Rebase the series onto `onto` (a commit id or a release version)."""
     tree = tree.absolute()
-    if state_path(tree) is not None and state_path(tree).is_file():
+    if source.rebase_in_progress(tree):
         st = _load_state(tree)
         raise TreeStateError(
             f"a rebase onto {st['target']['spec']} is already in progress in {tree}",
@@ -335,11 +335,6 @@ def abort(project: Project, tree: Path, *, echo=print) -> RebaseResult:
     outs = [Outcome.from_dict(o) for o in state["outcomes"]]
     return RebaseResult("aborted", str(tree), state["old"], state["old"], state["target"], outs,
                         state["pin_before"], state["pin_before"])
-
-
-def in_progress(tree: Path) -> bool:
-    p = state_path(tree.absolute())
-    return p is not None and p.is_file()
 
 
 # --------------------------------------------------------------------------- the replay
