@@ -261,7 +261,7 @@ def test_fetch_force_refuses_to_lose_unexported_work(setup):
     args = ["--root", str(root), "--tree", str(tree), "fetch", "--force", "--source", "git"]
     refused = runner.invoke(main, args)
     assert refused.exit_code == TreeStateError.exit_code, refused.output
-    assert "Unexported fix" in refused.output and "--discard" in refused.output
+    assert "0004-Unexported-fix.patch" in refused.output and "--discard" in refused.output
     assert subjects(tree)[-1] == "Unexported fix"
     export_mod.export(tree, root / "patches")  # saved: now replacing is allowed
     ok = runner.invoke(main, args)

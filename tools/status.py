@@ -21,13 +21,6 @@ def status(pin: Pin, tree: Path, series: Series) -> dict:
         if state == PENDING and reverse_applies(tree, p):
             state = "upstream"
         patches.append({"name": p.name, "subject": p.subject, "state": state})
-    try:
-        rendered = render(tree)
-    except ExportError:
-        rendered = {}
-    on_disk = {p.name: p.path.read_bytes() for p in series.patches}
-    # Commits whose exported form differs from patches/ (edited or new).
-    unexported = sorted(n for n, data in rendered.items() if on_disk.get(n) != data)
     return {
         "tree": str(tree),
         "pin": {"commit": pin.commit, "version": pin.version},
@@ -39,24 +32,26 @@ def status(pin: Pin, tree: Path, series: Series) -> dict:
         "patches": patches,
         "local_commits": [{"commit": c, "subject": s} for c, s in extra],
         "uncommitted": dirty_files(tree),
-        "unexported": unexported,
+        "unexported": unexported(tree, series),
         "rebase_in_progress": rebase_in_progress(tree),
     }
 
 
-def unsaved_work(tree: Path, series: Series) -> list[str]:
-    """What replacing `tree` would lose: uncommitted edits, commits not in patches/."""
-    items = [f"uncommitted change: {f}" for f in dirty_files(tree)]
-    _, extra = match_series(series, tree)
-    items += [f"commit not in the series: {c[:12]} {s}" for c, s in extra]
+def unexported(tree: Path, series: Series) -> list[str]:
+    """Patch names whose export from the tree's commits differs from patches/ (edited or new)."""
     try:
         rendered = render(tree)
-    except ExportError:
-        rendered = {}
+    except ExportError:  # no commits above the base
+        return []
     on_disk = {p.name: p.path.read_bytes() for p in series.patches}
-    items += [f"committed but not exported: {n}" for n, d in rendered.items()
-              if on_disk.get(n) != d and not any(n in i for i in items)]
-    return items
+    return sorted(n for n, data in rendered.items() if on_disk.get(n) != data)
+
+
+def unsaved_work(tree: Path, series: Series) -> list[str]:
+    """What replacing `tree` would lose: uncommitted edits and commits not exported to patches/."""
+    return [f"uncommitted change: {f}" for f in dirty_files(tree)] + [
+        f"committed but not exported: {n}" for n in unexported(tree, series)
+    ]
 
 
 def check_replaceable(tree: Path, series: Series) -> None:
