@@ -4,7 +4,7 @@ Usage: TRITON_INTERPRET=1 python tests/backend_interpret_smoke.py TREE
 Drives TritonMLASparseMetadataBuilder.build + TritonMLASparseImpl.forward_mqa
 on a tiny mixed decode/prefill batch (fp32, 16 heads, top-k 128) and prints
 "rel_err <x>" against the float64 reference.  Relies on the stand-ins of
-tools.selection.import_vllm_tree (vllm._C, vllm.vllm_flash_attn,
+smla.selection.import_vllm_tree (vllm._C, vllm.vllm_flash_attn,
 flashinfer, cuda->meta tensor factories) and on SimpleNamespace stand-ins for
 the VllmConfig, KV-cache spec and DSA indexer (as tests/gpu/test_backend_gpu.py).
 """
@@ -15,7 +15,7 @@ sys.path.insert(0, HERE); sys.path.insert(0, os.path.join(HERE, "gpu"))
 import torch
 import test_backend_gpu as T
 from types import SimpleNamespace
-from tools.selection import import_vllm_tree
+from smla.selection import import_vllm_tree
 print(import_vllm_tree(sys.argv[1]))
 from vllm.v1.attention.backends.mla import triton_mla_sparse as m
 from vllm.v1.attention.backend import CommonAttentionMetadata

@@ -6,8 +6,8 @@ import io
 import tarfile
 from pathlib import Path
 
-from tools import proc
-from tools.pin import Pin
+from smla import proc
+from smla.pin import Pin
 
 FILES = {
     "vllm/__init__.py": "__version__ = '9.9.9'\n",

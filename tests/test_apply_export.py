@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tools import apply as apply_mod, export as export_mod, proc, series, source, status as status_mod
-from tools.cli import main
-from tools.errors import ApplyError, ExportError, SeriesError, TreeStateError
+from smla import apply as apply_mod, export as export_mod, proc, series, source, status as status_mod
+from smla.cli import main
+from smla.errors import ApplyError, ExportError, SeriesError, TreeStateError
 
 from gitfixtures import commit_change, make_project, make_upstream, pin_for
 

@@ -1,7 +1,7 @@
 """`smla explain`: vLLM's own backend selection for a model, per tree (CPU).
 
 The selection cases run in two subprocesses (patched work tree and pristine
-base, concurrently); the pristine export is cached (tools.explain.pristine_tree).
+base, concurrently); the pristine export is cached (smla.explain.pristine_tree).
 CLI tests check input errors (exit 2, no subprocess) and one full run.
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tools import explain, selection
-from tools.cli import main
-from tools.errors import UsageError
+from smla import explain, selection
+from smla.cli import main
+from smla.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 

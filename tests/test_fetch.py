@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import cache, pin as pin_mod, proc, source
-from tools.errors import ChecksumError, FetchError, PinError, TreeStateError
+from smla import cache, pin as pin_mod, proc, source
+from smla.errors import ChecksumError, FetchError, PinError, TreeStateError
 
 from gitfixtures import FILES, make_sdist, make_upstream, pin_for
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import apply as apply_mod, export as export_mod, series, source, status as status_mod
-from tools.project import Project
+from smla import apply as apply_mod, export as export_mod, series, source, status as status_mod
+from smla.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
 

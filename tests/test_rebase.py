@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tools import cache, proc, source
-from tools import export as export_mod
-from tools.cli import main
+from smla import cache, proc, source
+from smla import export as export_mod
+from smla.cli import main
 
 LINES = [f"line {i}" for i in range(1, 41)]
 
@@ -64,7 +64,7 @@ def world(tmp_path, monkeypatch):
     root.mkdir()
     (root / "vllm-pin.txt").write_text(PIN_TEXT.format(repo=up, commit=c0, sha="0" * 64))
     tree = root / "work" / "vllm"
-    from tools.pin import load
+    from smla.pin import load
 
     source.fetch(load(root / "vllm-pin.txt"), tree, str(up), echo=lambda *_: None)
     # The series: one patch per file.
@@ -228,7 +228,7 @@ def test_unknown_commit(world, onto, code):
 
 
 def test_unknown_version(world, monkeypatch):
-    from tools.errors import FetchError
+    from smla.errors import FetchError
 
     def missing(project, filename):
         raise FetchError(f"{filename} is not on the package index")

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tools import cache, proc, source
-from tools.cli import main
-from tools.pin import load
+from smla import cache, proc, source
+from smla.cli import main
+from smla.pin import load
 
 REPO = Path(__file__).resolve().parents[1]
 # vLLM 0.17.0's sdist records only 'gb31e9326a'; this is the full id of the v0.17.0 tag.

@@ -1,6 +1,6 @@
 """Attention-backend selection for DSA sparse MLA, through vLLM's own selector.
 
-CPU only.  Uses tools/selection.py, which imports the real vLLM tree in a
+CPU only.  Uses tools/smla/selection.py, which imports the real vLLM tree in a
 subprocess with stand-ins for compiled modules and a mocked CUDA platform /
 device capability (see its docstring for the full list).  One subprocess per
 tree answers the whole matrix.
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-import tools.selection as H
-from tools import explain
+import smla.selection as H
+from smla import explain
 
 NEW = "TRITON_MLA_SPARSE"
 MATRIX = [(p, c, d) for p in H.PRESETS for c in H.CAPABILITIES for d in H.DTYPES]
@@ -33,7 +33,7 @@ def selections(vllm_tree):
     """(patched, pristine) results; both trees are answered concurrently.
 
     The pristine tree is vLLM at tag smla-base, exported with `git archive`
-    from the work tree's own repository (cached: tools.explain.pristine_tree)."""
+    from the work tree's own repository (cached: smla.explain.pristine_tree)."""
     dest = explain.pristine_tree(vllm_tree)
     patched_cells = (
         H.matrix_cells()
@@ -77,7 +77,7 @@ def _table_rows(table: str) -> dict[tuple[str, str, str], tuple[str, str, str]]:
 
 
 def test_format_table(patched, pristine):
-    """The CLI table (tools/selection.py) has one row per matrix cell: the
+    """The CLI table (tools/smla/selection.py) has one row per matrix cell: the
     patched tree picks FLASHMLA_SPARSE on sm90/sm100 bf16 and
     TRITON_MLA_SPARSE elsewhere; the pristine tree errors on the other 12."""
     auto = [r for r in patched.values()

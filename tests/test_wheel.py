@@ -24,12 +24,12 @@ import pytest
 from click.testing import CliRunner
 from wheel.wheelfile import WheelFile
 
-from tools import export as export_mod
-from tools import proc, series
-from tools import wheel as wh
-from tools.cli import main
-from tools.errors import WheelError
-from tools.pin import Pin
+from smla import export as export_mod
+from smla import proc, series
+from smla import wheel as wh
+from smla.cli import main
+from smla.errors import WheelError
+from smla.pin import Pin
 
 RELEASE = "0.16.0"
 TAGS = "cp38-abi3-manylinux_2_31_x86_64"

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import wheel as wh
-from tools.project import Project
+from smla import wheel as wh
+from smla.project import Project
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def test_real_wheel(tmp_path):
     tree = Path(os.environ.get("SMLA_VLLM_TREE", project.default_tree))
     if not (project.patches_dir / "series").is_file():
         pytest.skip("no patches/series yet")
-    smla = [sys.executable, "-m", "tools.cli", "--root", str(project.root), "--tree", str(tree)]
+    smla = [sys.executable, "-m", "smla.cli", "--root", str(project.root), "--tree", str(tree)]
     t0 = time.monotonic()
     res = subprocess.run([*smla, "build-wheel", "--json", "--out", str(tmp_path / "dist")],
                          capture_output=True, text=True, cwd=project.root)

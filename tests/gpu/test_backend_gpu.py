@@ -31,7 +31,7 @@ from sparse_mla_reference import (  # noqa: E402
     reference_sparse_mla,
     rel_err,
 )
-from tools.selection import import_vllm_tree  # noqa: E402
+from smla.selection import import_vllm_tree  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.apply import ALREADY, PENDING, dirty_files, match_series, require_tree, reverse_applies
-from tools.errors import ExportError, TreeStateError
-from tools.export import render
-from tools.pin import Pin
-from tools.series import Series
-from tools.source import read_tree_info, rebase_in_progress
+from smla.apply import ALREADY, PENDING, dirty_files, match_series, require_tree, reverse_applies
+from smla.errors import ExportError, TreeStateError
+from smla.export import render
+from smla.pin import Pin
+from smla.series import Series
+from smla.source import read_tree_info, rebase_in_progress
 
 
 def status(pin: Pin, tree: Path, series: Series) -> dict:

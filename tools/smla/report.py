@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools.fsutil import atomic_write_text
+from smla.fsutil import atomic_write_text
 
 
 def to_json(data: dict) -> str:

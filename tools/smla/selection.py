@@ -1,7 +1,7 @@
 """Run vLLM's own attention-backend selection for DSA sparse-MLA geometries.
 
 Library module (moved here from tests/vllm_harness.py); used by
-`smla explain` (tools/explain.py) and by the selection tests.
+`smla explain` (tools/smla/explain.py) and by the selection tests.
 
 Public API:
 
@@ -65,11 +65,11 @@ What is mocked or stood in for (all in the child process only):
 
 Run as a script (users: prefer `smla explain`):
 
-    python -m tools.selection --tree work/vllm --table
-    python -m tools.selection --tree work/vllm --capability 12.0 \\
+    python -m smla.selection --tree work/vllm --table
+    python -m smla.selection --tree work/vllm --capability 12.0 \\
         --dtype float16 --preset glm-5 --backend TRITON_MLA_SPARSE --json
 
-This module imports nothing from `tools` at module level: the selection
+This module imports nothing from `smla` at module level: the selection
 child process loads this file on its own (by path), with the vLLM tree and
 not the toolkit on its sys.path.
 """
@@ -167,8 +167,8 @@ def run_selection(tree: str | os.PathLike, cells: list[Cell],
     Raises TreeStateError when `tree` is no vLLM source tree, CommandError
     when the child process fails.
     """
-    from tools import proc as proc_mod
-    from tools.errors import CommandError, TreeStateError
+    from smla import proc as proc_mod
+    from smla.errors import CommandError, TreeStateError
 
     tree = Path(tree).resolve()
     if not (tree / "vllm" / "__init__.py").is_file():
@@ -180,7 +180,7 @@ def run_selection(tree: str | os.PathLike, cells: list[Cell],
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
         "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cuda"),
     }
-    # The child loads this very file by path (not the `tools` package) and
+    # The child loads this very file by path (not the `smla` package) and
     # runs its worker; it imports vLLM from `tree` only.
     child = ("import importlib.util as u, sys; "
              "s = u.spec_from_file_location('smla_selection_worker', sys.argv[1]); "

@@ -1,6 +1,6 @@
 """`explain`: which attention backend a vLLM tree picks for a sparse-MLA model, and why.
 
-The answer comes from the tree's own code, run by tools.selection in a fresh
+The answer comes from the tree's own code, run by smla.selection in a fresh
 interpreter (mocked CUDA platform and capability, stand-ins for compiled
 modules): for every backend of the CUDA MLA priority list, valid or not with
 vLLM's reasons, then what auto-selection (or --backend) gives, or vLLM's
@@ -11,7 +11,7 @@ smla-base) of the same repository, exported once into the cache
 (<cache>/trees/<base commit>/vllm); anything else is a path to a vLLM
 source tree.
 
-Models: a preset of tools.selection.PRESETS, or a HuggingFace config.json
+Models: a preset of smla.selection.PRESETS, or a HuggingFace config.json
 (use_mla / use_sparse / head size / dtype "auto" are derived by the tree's
 own code from it). Configs that vLLM does not run with MLA are refused: the
 toolkit covers the MLA (and above all the sparse, DSA) backends only.
@@ -29,9 +29,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tools import cache, proc, selection
-from tools.errors import TreeStateError, UsageError
-from tools.source import BASE_TAG
+from smla import cache, proc, selection
+from smla.errors import TreeStateError, UsageError
+from smla.source import BASE_TAG
 
 log = logging.getLogger("smla.explain")
 
@@ -243,7 +243,7 @@ def text(result: dict[str, Any], tree_desc: str) -> str:
     else:
         lines.append(f"{label}: none; vLLM error: {r['error']}")
     lines.append("")
-    lines.append("stand-ins: " + ", ".join(_short_stand_ins(r["stand_ins"])) + " (details: tools/selection.py)")
+    lines.append("stand-ins: " + ", ".join(_short_stand_ins(r["stand_ins"])) + " (details: tools/smla/selection.py)")
     return "\n".join(lines) + "\n"
 
 

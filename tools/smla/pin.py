@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from tools.errors import PinError
+from smla.errors import PinError
 
 KEYS = ("repo", "commit", "version", "sdist", "sdist_sha256")
 NONE = "none"
@@ -90,7 +90,7 @@ def load(path: Path) -> Pin:
 
 def save(path: Path, pin: Pin) -> None:
     """Rewrite the values in place, keeping comments and layout."""
-    from tools.fsutil import atomic_write_text
+    from smla.fsutil import atomic_write_text
 
     lines = path.read_text().splitlines(keepends=True)
     new_values = {f.name: getattr(pin, f.name) for f in fields(pin)}

@@ -38,15 +38,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import apply as apply_mod
-from tools import cache, proc, report, source
-from tools import export as export_mod
-from tools import pin as pin_mod
-from tools import series as series_mod
-from tools.errors import CommandError, FetchError, RebaseConflict, TreeStateError, UsageError
-from tools.fsutil import atomic_write_bytes, atomic_write_text
-from tools.project import Project
-from tools.series import SERIES_FILE
+from smla import apply as apply_mod
+from smla import cache, proc, report, source
+from smla import export as export_mod
+from smla import pin as pin_mod
+from smla import series as series_mod
+from smla.errors import CommandError, FetchError, RebaseConflict, TreeStateError, UsageError
+from smla.fsutil import atomic_write_bytes, atomic_write_text
+from smla.project import Project
+from smla.series import SERIES_FILE
 
 STATE_DIR = source.REBASE_STATE_DIR
 WORK_BRANCH = "smla-rebase"

@@ -52,13 +52,13 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from wheel.wheelfile import WHEEL_INFO_RE, WheelFile
 from wheel.wheelfile import WheelError as _LibWheelError
 
-from tools import cache, proc
-from tools.apply import commits_above_base, require_tree
-from tools.errors import CommandError, ExportError, WheelError
-from tools.fsutil import sha256_file
-from tools.pin import Pin
-from tools.series import SERIES_FILE, Series
-from tools.source import BASE_TAG
+from smla import cache, proc
+from smla.apply import commits_above_base, require_tree
+from smla.errors import CommandError, ExportError, WheelError
+from smla.fsutil import sha256_file
+from smla.pin import Pin
+from smla.series import SERIES_FILE, Series
+from smla.source import BASE_TAG
 
 log = logging.getLogger("smla.wheel")
 
@@ -337,7 +337,7 @@ def build_source_paths(paths) -> list[str]:
 
 def check_series_matches_tree(series: Series, tree: Path) -> None:
     """The tree's commits above the base must be exactly the series (so the label tells the truth)."""
-    from tools.export import render
+    from smla.export import render
 
     on_disk = {p.name: p.path.read_bytes() for p in series.patches}
     try:

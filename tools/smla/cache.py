@@ -28,8 +28,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from tools.errors import ChecksumError, FetchError
-from tools.fsutil import sha256_file
+from smla.errors import ChecksumError, FetchError
+from smla.fsutil import sha256_file
 
 log = logging.getLogger("smla.cache")
 

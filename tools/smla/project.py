@@ -5,8 +5,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools import pin as pin_mod
-from tools.errors import UsageError
+from smla import pin as pin_mod
+from smla.errors import UsageError
 
 PIN_FILE = "vllm-pin.txt"
 

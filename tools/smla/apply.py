@@ -22,10 +22,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import proc
-from tools.errors import ApplyError, TreeStateError
-from tools.series import Patch, Series, check_no_symlinks
-from tools.source import BASE_TAG, TreeInfo, read_tree_info, rebase_in_progress
+from smla import proc
+from smla.errors import ApplyError, TreeStateError
+from smla.series import Patch, Series, check_no_symlinks
+from smla.source import BASE_TAG, TreeInfo, read_tree_info, rebase_in_progress
 
 APPLIED = "applied"
 ALREADY = "already-applied"

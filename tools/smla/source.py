@@ -24,10 +24,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools import cache, proc
-from tools.errors import ChecksumError, CommandError, FetchError, TreeStateError
-from tools.fsutil import sha256_file
-from tools.pin import Pin
+from smla import cache, proc
+from smla.errors import ChecksumError, CommandError, FetchError, TreeStateError
+from smla.fsutil import sha256_file
+from smla.pin import Pin
 
 log = logging.getLogger("smla.source")
 

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 import unidiff
 
-from tools.errors import SeriesError
+from smla.errors import SeriesError
 
 SERIES_FILE = "series"
 _NAME = re.compile(r"^[0-9]{4}-[A-Za-z0-9._-]+\.patch$")

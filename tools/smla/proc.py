@@ -17,7 +17,7 @@ from pathlib import Path
 
 import git as gitpython
 
-from tools.errors import CommandError
+from smla.errors import CommandError
 
 log = logging.getLogger("smla.proc")
 

@@ -1,7 +1,7 @@
 """The `smla` command line: parse arguments, call the library, print.
 
 Errors are caught once, here: an SmlaError prints `error:` and `hint:` and
-exits with its own code (see tools.errors).
+exits with its own code (see smla.errors).
 """
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import click
 
-from tools import apply as apply_mod
-from tools import export as export_mod
-from tools import report, series, source
-from tools import status as status_mod
-from tools.errors import SmlaError
-from tools.project import Project
+from smla import apply as apply_mod
+from smla import export as export_mod
+from smla import report, series, source
+from smla import status as status_mod
+from smla.errors import SmlaError
+from smla.project import Project
 
 
 def _handle_errors(fn):
@@ -169,8 +169,8 @@ def build_wheel(c: Ctx, base_wheel, from_source, full_cuda_build, python, out_di
     Default: the official wheel with the changed vllm/ files swapped in
     (refused when the series touches csrc/ or build files: use --from-source).
     """
-    from tools import wheel as wheel_mod
-    from tools.errors import UsageError
+    from smla import wheel as wheel_mod
+    from smla.errors import UsageError
 
     s = series.load(c.project.patches_dir, allow_empty=True)
     echo = (lambda *_: None) if as_json else click.echo
@@ -210,8 +210,8 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
     Exit 0: rebased cleanly; 11: stopped on a conflict (resolve, then --continue,
     or --abort); others: errors. See docs/rebase.md.
     """
-    from tools import rebase as rebase_mod
-    from tools.errors import UsageError
+    from smla import rebase as rebase_mod
+    from smla.errors import UsageError
 
     if sum(map(bool, (onto, continue_, abort))) != 1:
         raise UsageError("give exactly one of --onto COMMIT|VERSION, --continue, --abort")
@@ -251,7 +251,7 @@ def explain(c: Ctx, model, capability, dtype, kv_cache_dtype, tree_spec, backend
     compiled modules): every backend of the CUDA priority list, valid or not
     with vLLM's reasons, then the auto-selection or vLLM's error. See docs/explain.md.
     """
-    from tools import explain as explain_mod
+    from smla import explain as explain_mod
 
     case = explain_mod.Case(model, capability, dtype, kv_cache_dtype=kv_cache_dtype, backend=backend)
     explain_mod.to_cell(case)  # check the inputs before exporting a tree

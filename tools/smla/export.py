@@ -12,12 +12,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import proc
-from tools.apply import commits_above_base, dirty_files, require_tree
-from tools.errors import ExportError, SeriesError, TreeStateError
-from tools.fsutil import atomic_write_bytes, atomic_write_text
-from tools.series import SERIES_FILE, parse_patch, read_series_file
-from tools.source import BASE_TAG
+from smla import proc
+from smla.apply import commits_above_base, dirty_files, require_tree
+from smla.errors import ExportError, SeriesError, TreeStateError
+from smla.fsutil import atomic_write_bytes, atomic_write_text
+from smla.series import SERIES_FILE, parse_patch, read_series_file
+from smla.source import BASE_TAG
 
 FORMAT_PATCH_ARGS = (
     "format-patch",
