@@ -1,0 +1,221 @@
+"""Test helpers for the Triton DSA-indexer kernels (issue 12).
+
+- `load_indexer_module(tree, interpret)` loads
+  vllm/v1/attention/ops/triton_dsa_indexer.py from a vLLM tree by file path
+  (no `import vllm`); a tree without it fails the test with a clear message.
+- float64 / plain-PyTorch references, written from the semantics of
+  DeepGEMM's `fp8_fp4_mqa_logits` / `fp8_fp4_paged_mqa_logits` and of vLLM
+  0.26.0's `indexer_k_quant_and_cache` cache layout:
+    logits[t, n] = k_scale[n] * sum_h w[t, h] * relu(q[t, h] . k[n])
+  on the raw fp8 codes (the query scale is folded into w by the caller).
+- `ref_indexer_k_quant_and_cache` is a PyTorch writer of that cache layout
+  (the GPU test checks it against vLLM's own compiled op when available).
+- `ref_dsa_attention` is plain-PyTorch DSA attention (indexer -> top-k ->
+  sparse MLA over the selected latent rows) for the toy block test.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+MODULE_REL = "vllm/v1/attention/ops/triton_dsa_indexer.py"
+FP8_MAX = 448.0
+
+
+def load_indexer_module(tree: Path, interpret: bool = False):
+    """Load the indexer kernel module by path (TRITON_INTERPRET must already
+    match `interpret`; see tests/sparse_mla_reference.py for why)."""
+    want = "1" if interpret else "0"
+    have = "1" if os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "on") else "0"
+    if have != want:
+        raise RuntimeError(
+            f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} but interpret={interpret}: "
+            "set it before triton is imported; run CPU and GPU tests in separate processes")
+    path = Path(tree) / MODULE_REL
+    if not path.is_file():
+        pytest.fail(f"{MODULE_REL} is missing in the vLLM tree {tree}: the indexer patch "
+                    "(Triton indexer kernels) is not applied there (SMLA_VLLM_TREE overrides the tree)")
+    name = "smla_triton_dsa_indexer_" + ("interp" if interpret else "gpu")
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.modules[name] = mod
+    return mod
+
+
+# ---------------------------------------------------------------------------
+# fp8 helpers
+# ---------------------------------------------------------------------------
+
+def fp8_values(codes: torch.Tensor) -> torch.Tensor:
+    """float64 values of e4m3fn codes (uint8 or float8_e4m3fn) via torch."""
+    if codes.dtype == torch.uint8:
+        codes = codes.view(torch.float8_e4m3fn)
+    return codes.to(torch.float32).to(torch.float64)
+
+
+def to_fp8(x: torch.Tensor) -> torch.Tensor:
+    """Saturating round-to-nearest-even to e4m3fn (what __NV_SATFINITE does)."""
+    return x.float().clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def ue8m0(scale: torch.Tensor) -> torch.Tensor:
+    return torch.exp2(torch.ceil(torch.log2(scale)))
+
+
+def quant_q(q: torch.Tensor, weights: torch.Tensor, softmax_scale: float, head_scale: float):
+    """Per-(token, head) ue8m0 quantisation of the indexer query, the way
+    vLLM's unfused Indexer path does it (per_token_group_quant_fp8 with one
+    128-group per head, eps 1e-10): returns (q_fp8 [T,H,D], weights fp32 with
+    q_scale * softmax_scale * head_scale folded in)."""
+    amax = q.float().abs().amax(dim=-1).clamp(min=1e-10)
+    scale = ue8m0(amax / FP8_MAX)
+    q_fp8 = to_fp8(q.float() / scale[..., None])
+    w = weights.float() * scale * softmax_scale * head_scale
+    return q_fp8, w
+
+
+def quant_k(k: torch.Tensor):
+    """Per-token ue8m0 quantisation of the indexer key as
+    indexer_k_quant_and_cache does it (amax floor 1e-4): (k_fp8 [N,D], scale fp32 [N])."""
+    amax = k.float().abs().amax(dim=-1).clamp(min=1e-4)
+    scale = ue8m0(amax / FP8_MAX)
+    return to_fp8(k.float() / scale[:, None]), scale.float()
+
+
+def ref_indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor,
+                                  slot_mapping: torch.Tensor) -> None:
+    """PyTorch writer of the indexer cache (uint8 [num_blocks, block_size, D+4]):
+    block b holds block_size*D fp8 codes (slot o at byte o*D) followed by
+    block_size fp32 scales (slot o at byte block_size*D + 4*o). slot < 0 skipped."""
+    nb, bs, width = kv_cache.shape
+    D = width - 4
+    k_fp8, scale = quant_k(k)
+    flat = kv_cache.view(nb, bs * width)
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        b, o = divmod(slot, bs)
+        flat[b, o * D:(o + 1) * D] = k_fp8[t].view(torch.uint8)
+        flat[b, bs * D + 4 * o: bs * D + 4 * o + 4] = scale[t:t + 1].view(torch.uint8)
+
+
+def read_paged_cache(kv_cache: torch.Tensor):
+    """(codes uint8 [nb, bs, D], scales fp32 [nb, bs]) views of the packed cache."""
+    nb, bs, width = kv_cache.shape[0], kv_cache.shape[1], kv_cache.shape[-1]
+    D = width - 4
+    flat = kv_cache.reshape(nb, bs * width)
+    codes = flat[:, : bs * D].reshape(nb, bs, D)
+    scales = flat[:, bs * D:].contiguous().view(torch.float32).reshape(nb, bs)
+    return codes, scales
+
+
+# ---------------------------------------------------------------------------
+# logits references (float64)
+# ---------------------------------------------------------------------------
+
+def ref_mqa_logits(q_fp8, k_fp8, k_scale, weights, ks, ke) -> torch.Tensor:
+    """float64 [M, N]; -inf outside [ks[m], ke[m])."""
+    q = fp8_values(q_fp8)  # [M,H,D]
+    k = fp8_values(k_fp8)  # [N,D]
+    s = torch.einsum("mhd,nd->mhn", q, k).clamp(min=0)
+    logits = torch.einsum("mhn,mh->mn", s, weights.double()) * k_scale.double().reshape(1, -1)
+    n = torch.arange(k.shape[0], device=q.device)
+    inside = (n[None, :] >= ks.long()[:, None]) & (n[None, :] < ke.long()[:, None])
+    return logits.masked_fill(~inside, float("-inf"))
+
+
+def row_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
+    """Per-row key counts [B*next_n]: 2-D lens as given, 1-D lens causal."""
+    if context_lens.dim() == 2:
+        return context_lens.reshape(-1).long()
+    i = torch.arange(next_n, device=context_lens.device)
+    return (context_lens.long()[:, None] - next_n + i[None, :] + 1).reshape(-1)
+
+
+def ref_paged_mqa_logits(q_fp8, kv_cache, weights, context_lens, block_tables,
+                         max_model_len: int) -> torch.Tensor:
+    """float64 [B*next_n, max_model_len]; row (b, i) over keys [0, L) with L
+    from `row_lengths`; -inf elsewhere."""
+    B, next_n, H, D = q_fp8.shape
+    codes, scales = read_paged_cache(kv_cache)
+    bs = codes.shape[1]
+    lens = row_lengths(context_lens, next_n)
+    out = torch.full((B * next_n, max_model_len), float("-inf"), dtype=torch.float64,
+                     device=q_fp8.device)
+    for b in range(B):
+        L_max = int(lens[b * next_n:(b + 1) * next_n].max())
+        if L_max <= 0:
+            continue
+        pos = torch.arange(L_max, device=q_fp8.device)
+        phys = block_tables[b, pos // bs].long()
+        k = fp8_values(codes[phys, pos % bs])  # [L, D]
+        sc = scales[phys, pos % bs].double()
+        for i in range(next_n):
+            r = b * next_n + i
+            L = int(lens[r])
+            if L <= 0:
+                continue
+            q = fp8_values(q_fp8[b, i])  # [H, D]
+            s = (q @ k[:L].T).clamp(min=0)  # [H, L]
+            out[r, :L] = (weights[r].double()[:, None] * s).sum(0) * sc[:L]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# top-k and DSA attention references
+# ---------------------------------------------------------------------------
+
+def topk_rows(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """int32 [M, k] indices of the k largest finite logits per row, -1 padded
+    (ties broken by torch.topk; callers compare sets)."""
+    M, N = logits.shape
+    kk = min(k, N)
+    vals, idx = torch.topk(logits, kk, dim=-1)
+    idx = torch.where(torch.isfinite(vals), idx, torch.full_like(idx, -1)).to(torch.int32)
+    if kk < k:
+        idx = torch.cat([idx, torch.full((M, k - kk), -1, dtype=torch.int32, device=idx.device)], 1)
+    return idx
+
+
+def set_overlap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per row |A ∩ B| / max(|A|, |B|) over the non-negative entries (1.0 if both empty)."""
+    res = []
+    for ra, rb in zip(a.tolist(), b.tolist()):
+        sa, sb = {x for x in ra if x >= 0}, {x for x in rb if x >= 0}
+        den = max(len(sa), len(sb))
+        res.append(1.0 if den == 0 else len(sa & sb) / den)
+    return torch.tensor(res, dtype=torch.float64)
+
+
+def ref_dsa_attention(q_lat: torch.Tensor, kv_rows: torch.Tensor, topk_pos: torch.Tensor,
+                      sm_scale: float, kv_lora_rank: int = 512) -> torch.Tensor:
+    """Plain DSA attention (float64): token t, head h attends to the latent
+    rows kv_rows[p] for p in its top-k list (p >= 0): softmax(sm_scale * q.k)
+    weighted sum of the first kv_lora_rank dims; zeros for an empty list."""
+    T, H, _ = q_lat.shape
+    out = torch.zeros((T, H, kv_lora_rank), dtype=torch.float64, device=q_lat.device)
+    for t in range(T):
+        sel = topk_pos[t][topk_pos[t] >= 0].long()
+        if sel.numel() == 0:
+            continue
+        kv = kv_rows[sel].double()  # [K, 576]
+        s = (q_lat[t].double() @ kv.T) * sm_scale  # [H, K]
+        out[t] = torch.softmax(s, dim=-1) @ kv[:, :kv_lora_rank]
+    return out
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| / max |ref| over finite reference entries."""
+    m = torch.isfinite(ref)
+    if not m.any():
+        return 0.0
+    d = (out.double()[m] - ref.double()[m]).abs().max()
+    return float(d / ref.double()[m].abs().max().clamp(min=1e-30))
