@@ -219,3 +219,56 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
         return 0.0
     d = (out.double()[m] - ref.double()[m]).abs().max()
     return float(d / ref.double()[m].abs().max().clamp(min=1e-30))
+
+
+# ---------------------------------------------------------------------------
+# compile-only check per arch (CPU; Triton ships ptxas)
+# ---------------------------------------------------------------------------
+
+# Opt-in shared memory per block (bytes) by compute capability.
+SMEM_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448,
+              120: 101376, 121: 101376}
+
+
+def compile_report(tree: Path, arch: int, configs: list[dict] | None = None) -> list[dict]:
+    """Compile the logits kernels for `arch` with the wrappers' default launch
+    configs (or `configs`); one dict per kernel with its static shared memory.
+    Must run in a process without TRITON_INTERPRET."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    mod = load_indexer_module(tree, interpret=False)
+    target = GPUTarget("cuda", arch, 32)
+    if configs is None:
+        configs = [dict(kernel="prefill", BLOCK_N=128, BLOCK_M=4, num_warps=4, NEXT_N=1),
+                   dict(kernel="decode", BLOCK_N=64, num_warps=4, NEXT_N=1),
+                   dict(kernel="decode", BLOCK_N=64, num_warps=4, NEXT_N=2)]
+    ptr_types = {"q_ptr": "u8", "k_ptr": "u8", "kv_ptr": "u8", "k_scale_ptr": "fp32",
+                 "w_ptr": "fp32", "ks_ptr": "i32", "ke_ptr": "i32", "ctx_ptr": "i32",
+                 "bt_ptr": "i32", "out_ptr": "fp32"}
+    out = []
+    for cfg in configs:
+        fn = mod._mqa_logits_kernel if cfg["kernel"] == "prefill" else mod._paged_mqa_logits_kernel
+        cst = dict(H=64, D=128, BLOCK_N=cfg["BLOCK_N"], CLEAN=False)
+        if cfg["kernel"] == "prefill":
+            cst["BLOCK_M"] = cfg["BLOCK_M"]
+        else:
+            cst.update(NEXT_N=cfg["NEXT_N"], CTX_2D=True)
+        sig = {a: ("constexpr" if a in cst else "*" + ptr_types[a] if a in ptr_types else "i32")
+               for a in fn.arg_names}
+        opts = dict(num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2))
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cst), target=target,
+                           options=opts)
+        out.append(dict(arch=arch, **cfg, shared=int(k.metadata.shared),
+                        smem_limit=SMEM_LIMIT.get(arch),
+                        has_cubin=len(k.asm.get("cubin", b"")) > 0))
+    return out
+
+
+if __name__ == "__main__":  # python tests/indexer_reference.py --compile TREE ARCH
+    import json
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    if sys.argv[1] == "--compile":
+        print(json.dumps(compile_report(Path(sys.argv[2]), int(sys.argv[3]))))
