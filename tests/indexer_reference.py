@@ -98,13 +98,18 @@ def ref_indexer_k_quant_and_cache(k: torch.Tensor, kv_cache: torch.Tensor,
     nb, bs, width = kv_cache.shape
     D = width - 4
     k_fp8, scale = quant_k(k)
-    flat = kv_cache.view(nb, bs * width)
-    for t, slot in enumerate(slot_mapping.tolist()):
-        if slot < 0:
-            continue
-        b, o = divmod(slot, bs)
-        flat[b, o * D:(o + 1) * D] = k_fp8[t].view(torch.uint8)
-        flat[b, bs * D + 4 * o: bs * D + 4 * o + 4] = scale[t:t + 1].view(torch.uint8)
+    keep = slot_mapping >= 0
+    slot = slot_mapping[keep].long()
+    if slot.numel() == 0:
+        return
+    blk, off = slot // bs, slot % bs
+    flat = kv_cache.view(-1)  # block stride = bs * width bytes (dense cache)
+    base = blk * (bs * width)
+    d = torch.arange(D, device=kv_cache.device)
+    flat[(base + off * D)[:, None] + d[None, :]] = k_fp8[keep].view(torch.uint8)
+    b4 = torch.arange(4, device=kv_cache.device)
+    flat[(base + bs * D + 4 * off)[:, None] + b4[None, :]] = (
+        scale[keep].contiguous().view(torch.uint8).view(-1, 4))
 
 
 def read_paged_cache(kv_cache: torch.Tensor):
@@ -272,3 +277,140 @@ if __name__ == "__main__":  # python tests/indexer_reference.py --compile TREE A
     os.environ.pop("TRITON_INTERPRET", None)
     if sys.argv[1] == "--compile":
         print(json.dumps(compile_report(Path(sys.argv[2]), int(sys.argv[3]))))
+
+
+# ---------------------------------------------------------------------------
+# GPU comparison helpers (tests/gpu/test_indexer_gpu.py, bench/indexer/)
+# ---------------------------------------------------------------------------
+
+class VllmOps:
+    """vLLM 0.26.0's compiled ops from `_C_stable_libtorch.abi3.so` (loaded with
+    torch.ops.load_library, no `import vllm`); None members if missing."""
+
+    def __init__(self, so_path: str):
+        torch.ops.load_library(so_path)
+
+        def find(name, spaces=("_C", "_C_cache_ops")):
+            for ns in spaces:
+                try:
+                    return getattr(getattr(torch.ops, ns), name)
+                except (AttributeError, RuntimeError):
+                    continue
+            return None
+
+        self.group_quant = find("per_token_group_fp8_quant")
+        self.cache_write = find("indexer_k_quant_and_cache")
+        self.cache_gather = find("cp_gather_indexer_k_quant_cache")
+        self.topk_prefill = find("top_k_per_row_prefill")
+        self.topk_decode = find("top_k_per_row_decode")
+
+
+def quant_q_vllm(ops: VllmOps, q: torch.Tensor, weights: torch.Tensor,
+                 softmax_scale: float, head_scale: float):
+    """The Indexer's unfused query path with vLLM's own kernel
+    (per_token_group_fp8_quant, group 128 = one head, ue8m0)."""
+    T, H, D = q.shape
+    x = q.reshape(T * H, D).contiguous()
+    q_fp8 = torch.empty_like(x, dtype=torch.float8_e4m3fn)
+    s = torch.empty((T * H, 1), dtype=torch.float32, device=q.device)
+    ops.group_quant(x, q_fp8, s, D, 1e-10, -FP8_MAX, FP8_MAX, True, False, False)
+    w = weights.float() * s.view(T, H) * softmax_scale * head_scale
+    return q_fp8.view(T, H, D), w
+
+
+def write_cache(ops: VllmOps | None, k: torch.Tensor, kv: torch.Tensor,
+                slots: torch.Tensor) -> None:
+    if ops is not None and ops.cache_write is not None:
+        ops.cache_write(k.contiguous(), kv, slots.to(torch.int64), 128, "ue8m0")
+    else:
+        ref_indexer_k_quant_and_cache(k, kv, slots)
+
+
+def build_paged_case(device, lens, next_n: int, H: int, D: int, bs: int, seed: int,
+                     ops: VllmOps | None = None, dtype=torch.bfloat16, spare: float = 1.25,
+                     max_model_len: int = 0):
+    """A decode batch on a shuffled paged indexer cache (unused blocks between
+    requests' blocks). Returns dict(q_fp8 [B,next_n,H,D], w [B*next_n,H] fp32,
+    kv uint8 [nb,bs,D+4], bt int32 [B,max_blocks], lens2d int32 [B,next_n],
+    lens list); keys of request b are bf16 randn written by `write_cache`."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    B = len(lens)
+    need = [-(-L // bs) for L in lens]
+    nb = int(sum(need) * spare) + 2
+    max_blocks = max(max(need), -(-max_model_len // bs), 1)  # vLLM: cdiv(max_model_len, bs)
+    perm = torch.randperm(nb, generator=g, device=device).to(torch.int32)
+    bt = torch.zeros((B, max_blocks), dtype=torch.int32, device=device)
+    kv = torch.zeros((nb, bs, D + 4), dtype=torch.uint8, device=device)
+    used = 0
+    slot_chunks = []
+    for b, n in enumerate(need):
+        bt[b, :n] = perm[used:used + n]
+        used += n
+        pos = torch.arange(lens[b], device=device)
+        slot_chunks.append(bt[b, pos // bs].long() * bs + pos % bs)
+    slots = torch.cat(slot_chunks) if slot_chunks else torch.zeros(0, dtype=torch.long)
+    k = torch.randn((slots.numel(), D), generator=g, device=device).to(dtype)
+    if slots.numel():
+        write_cache(ops, k, kv, slots)
+    q = torch.randn((B * next_n, H, D), generator=g, device=device).to(dtype)
+    w = torch.randn((B * next_n, H), generator=g, device=device).to(dtype)
+    if ops is not None and ops.group_quant is not None:
+        q_fp8, wq = quant_q_vllm(ops, q, w, D ** -0.5, H ** -0.5)
+    else:
+        q_fp8, wq = quant_q(q, w, D ** -0.5, H ** -0.5)
+    L = torch.tensor(lens, dtype=torch.int32, device=device)
+    lens2d = (L[:, None] - next_n + 1 + torch.arange(next_n, device=device, dtype=torch.int32)
+              ).clamp(min=0).to(torch.int32).contiguous()
+    return dict(q_fp8=q_fp8.view(B, next_n, H, D), w=wq.contiguous(), kv=kv, bt=bt,
+                lens2d=lens2d, lens=list(lens))
+
+
+def gather_request_keys(ops: VllmOps | None, kv: torch.Tensor, bt_row: torch.Tensor, L: int):
+    """(k_fp8 codes uint8 [L, D], k_scale fp32 [L]) of one request, through
+    vLLM's cp_gather_indexer_k_quant_cache when loaded (the prefill path)."""
+    D = kv.shape[-1] - 4
+    if ops is not None and ops.cache_gather is not None:
+        dst_k = torch.empty((L, D), dtype=torch.uint8, device=kv.device)
+        dst_s = torch.empty((L, 4), dtype=torch.uint8, device=kv.device)
+        cu = torch.tensor([0, L], dtype=torch.int32, device=kv.device)
+        ops.cache_gather(kv, dst_k.view(torch.float8_e4m3fn), dst_s, bt_row[None].contiguous(), cu)
+        return dst_k, dst_s.view(torch.float32).reshape(L)
+    codes, scales = read_paged_cache(kv)
+    bs = kv.shape[1]
+    pos = torch.arange(L, device=kv.device)
+    phys = bt_row[pos // bs].long()
+    return codes[phys, pos % bs].contiguous(), scales[phys, pos % bs].contiguous()
+
+
+def topk_prefill(ops: VllmOps | None, logits, ks, ke, k: int) -> torch.Tensor:
+    """int32 [M, k] row-local (relative to ks) top-k, -1 padded; vLLM's
+    top_k_per_row_prefill when loaded, else torch.topk on the masked row."""
+    M = logits.shape[0]
+    out = torch.full((M, k), -1, dtype=torch.int32, device=logits.device)
+    if ops is not None and ops.topk_prefill is not None:
+        ops.topk_prefill(logits, ks, ke, out, M, logits.stride(0), logits.stride(1), k)
+        return out
+    n = torch.arange(logits.shape[1], device=logits.device)
+    inside = (n[None] >= ks[:, None]) & (n[None] < ke[:, None])
+    idx = topk_rows(logits.masked_fill(~inside, float("-inf")), k)
+    return torch.where(idx >= 0, idx - ks[:, None].to(torch.int32), idx)
+
+
+def topk_decode(ops: VllmOps | None, logits, next_n: int, lens2d, k: int) -> torch.Tensor:
+    """int32 [rows, k] top-k over [0, L_row); vLLM's top_k_per_row_decode when loaded."""
+    R = logits.shape[0]
+    out = torch.full((R, k), -1, dtype=torch.int32, device=logits.device)
+    if ops is not None and ops.topk_decode is not None:
+        ops.topk_decode(logits, next_n, lens2d, out, R, logits.stride(0), logits.stride(1), k)
+        return out
+    n = torch.arange(logits.shape[1], device=logits.device)
+    inside = n[None] < lens2d.reshape(-1, 1)
+    return topk_rows(logits.masked_fill(~inside, float("-inf")), k)
+
+
+def finite_rel_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    """max |a - b| / max |b| over `mask`."""
+    if not mask.any():
+        return 0.0
+    d = (a[mask].double() - b[mask].double()).abs().max()
+    return float(d / b[mask].double().abs().max().clamp(min=1e-30))
