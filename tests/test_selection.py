@@ -31,6 +31,7 @@ dtype (kv "auto", or the model dtype named explicitly), no fp8 cache yet.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -162,15 +163,30 @@ def test_explicit_backend(trees, cell):  # P4
         assert OURS in r["error"] and "not valid" in r["error"]
 
 
-def test_format_table_one_row_per_cell(trees):
-    results = [trees["patched"][_key(c)] for c in S.matrix_cells(presets=["glm-5"])]
-    table = S.format_table(results)
-    lines = table.splitlines()
-    assert lines[0].split() == ["model", "cc", "dtype", "kv_cache", "heads", "requested", "selected"]
-    rows = lines[2:]
-    assert len(rows) == len(results)
-    for line, r in zip(rows, results):
-        model, cc, dtype, kv, heads, req, sel = line.split(maxsplit=6)
-        assert (model, cc, dtype, kv, int(heads), req) == (
-            "glm-5", r["capability"], r["dtype"], r["kv_cache_dtype"], r["heads"], "auto")
-        assert sel.split()[0] == (r["selected"] or "none:")
+def test_import_vllm_tree_in_process(vllm_tree):
+    """import_vllm_tree (what the backend tests use) in a fresh interpreter:
+    vLLM comes from the tree, the platform is CUDA with the given capability,
+    and every stand-in it reports is one the worker documents."""
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from smla.selection import import_vllm_tree\n"
+        "used = import_vllm_tree(sys.argv[1], capability='12.0')\n"
+        "import vllm, vllm.platforms.cuda as cuda\n"
+        "from vllm.platforms import current_platform as p\n"
+        "print(json.dumps({'used': used, 'file': vllm.__file__,\n"
+        "  'cuda': isinstance(p, cuda.CudaPlatformBase), 'cap': p.get_device_capability().as_version_str()}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(vllm_tree)], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["file"].startswith(str(vllm_tree.resolve()))
+    assert data["cuda"] and data["cap"] == "12.0"
+    from smla import _selection_worker as W
+    for item in data["used"]:
+        name = item.split(" (")[0]
+        assert (name in W.COMPILED or name in W.FLASHINFER or name == "vllm.vllm_flash_attn"
+                or item.startswith(("no CUDA device", "CUDA platform"))), item

@@ -14,7 +14,6 @@ Public API:
     matrix_cells(...)              the product of those axes
     run_selection(tree, cells)     -> list[dict], one result per cell
     run_selections([(tree, cells), ...])  several trees, concurrently
-    format_table(results)          plain-text table of picks
     import_vllm_tree(tree)         the same stand-ins + import, in this process
 
 One call of run_selection() starts ONE fresh interpreter (vLLM caches the
@@ -191,31 +190,3 @@ def import_vllm_tree(tree: str | os.PathLike, capability: str | None = None) -> 
     For in-process users such as the GPU backend test; selection queries
     should use run_selection()."""
     return _worker.import_vllm_tree(tree, capability=capability)
-
-
-def pick(result: dict[str, Any]) -> str:
-    """The backend a result selected, or "none" (vLLM raised)."""
-    return result.get("selected") or "none"
-
-
-def format_table(results: list[dict[str, Any]]) -> str:
-    """One line per cell: model, capability, dtype, KV cache, heads per GPU,
-    requested backend, and the pick (with the KV-cache format vLLM then uses
-    when selection changed it) or "none" plus vLLM's error head."""
-    rows = [("model", "cc", "dtype", "kv_cache", "heads", "requested", "selected")]
-    for r in results:
-        sel = r.get("selected")
-        if sel is None:
-            err = r.get("error") or r.get("input_error") or ""
-            sel = "none: " + (err.split(" with ")[0].split(". Reason")[0] if err else "?")
-        elif r.get("kv_cache_dtype_used") not in (None, r["kv_cache_dtype"]):
-            sel += f" (kv cache -> {r['kv_cache_dtype_used']})"
-        rows.append((r["preset"], r["capability"], r["dtype"], r["kv_cache_dtype"],
-                     str(r.get("heads_per_gpu")), r.get("backend") or "auto", sel))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    lines = []
-    for i, row in enumerate(rows):
-        lines.append("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
