@@ -8,9 +8,11 @@ with the float64 reference of tests/sparse_mla_reference.py.
 How vLLM is imported (`backend_mod`):
 - native, when the tree holds vLLM's compiled ops
   (vllm/_C_stable_libtorch.abi3.so from the official wheel of the pinned
-  release; tests/gpu/device-run.sh puts it there) and CUDA is available: no
-  stand-ins for vLLM modules; the KV-cache write is vLLM's own
-  concat_and_cache_mla (test_real_cache_write_then_attend);
+  release; tests/gpu/device-run.sh puts it there) and CUDA is available: the
+  only stand-ins are empty modules for FlashAttention's compiled extensions
+  (vllm.vllm_flash_attn._vllm_fa2_C/_fa3_C, 440 MiB, imported on vLLM's
+  attention import path, never called on the sparse-MLA path); the KV-cache
+  write is vLLM's own concat_and_cache_mla (test_real_cache_write_then_attend);
 - otherwise through smla.selection.import_vllm_tree, which stands in for
   vllm._C and the other compiled modules (never called on this path); the
   real-op test then skips.
@@ -23,8 +25,11 @@ Run in a pytest process without TRITON_INTERPRET (make test-gpu).
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import sys
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -50,15 +55,36 @@ REQUESTS = [(1, 3000), (1, 700), (1, 2049), (5, 2100), (4, 4), (37, 2600)]
 
 
 NATIVE_OPS = "vllm/_C_stable_libtorch.abi3.so"
+# FlashAttention's compiled extensions of the official wheel (290 + 146 MiB:
+# they cannot travel to the device).  vLLM imports vllm.vllm_flash_attn on the
+# attention import path (fa_utils); nothing on the sparse-MLA path calls it.
+FA_EXTENSIONS = ("vllm.vllm_flash_attn._vllm_fa2_C", "vllm.vllm_flash_attn._vllm_fa3_C")
+
+
+class _EmptyExtensions(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Stand-in: empty modules for FA_EXTENSIONS, only when no real one is
+    found (appended to sys.meta_path, so a real extension always wins)."""
+
+    def find_spec(self, name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, self) if name in FA_EXTENSIONS else None
+
+    def create_module(self, spec):
+        return types.ModuleType(spec.name)
+
+    def exec_module(self, module):
+        pass
 
 
 def import_vllm(tree) -> str:
     """Make `import vllm` resolve to `tree`: natively when its compiled ops
-    are there and CUDA is available, else with the harness's stand-ins."""
+    are there and CUDA is available (FlashAttention's extensions stood in),
+    else with the harness's stand-ins."""
     tree = Path(tree)
     if (tree / NATIVE_OPS).is_file() and torch.cuda.is_available():
         if str(tree) not in sys.path:
             sys.path.insert(0, str(tree))
+        if not any(isinstance(f, _EmptyExtensions) for f in sys.meta_path):
+            sys.meta_path.append(_EmptyExtensions())
         import vllm.platforms  # noqa: F401
 
         from vllm.platforms import current_platform
