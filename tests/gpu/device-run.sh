@@ -6,7 +6,8 @@
 #   backend  carry .gpu-port/tree : unpack the patched tree, put the compiled ops of phase 1 into
 #            it, install the wheels, run tests/gpu/test_backend_gpu.py with vLLM imported natively
 #            (stand-in import if phase 1's ops are missing: the real-op test then skips)
-# usage (repo root): bash tests/gpu/device-run.sh kernels|backend [pytest args]
+#   bench    carry .gpu-port/kern : the benchmark alone
+# usage (repo root): bash tests/gpu/device-run.sh kernels|backend|bench [pytest args]
 # Results under $OUT: gpu-env.txt, gpu-tests-<phase>.log, gpu-results.jsonl, bench/ (kernels).
 set -euo pipefail
 phase=${1:?usage: device-run.sh kernels|backend [pytest args]}
@@ -52,6 +53,11 @@ case "$phase" in
     export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
     python3 -m pytest tests/gpu/test_backend_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
       2>&1 | tee "$out/gpu-tests-backend.log"
+    ;;
+  bench)  # carry .gpu-port/kern: the benchmark alone (also part of `kernels`)
+    timeout 150 python3 bench/bench_sparse_mla.py --prewarm 14 --out "$out/bench" \
+      > "$out/bench.log" 2>&1 || echo "bench exit $?" | tee -a "$out/bench.log"
+    tail -3 "$out/bench.log"
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
