@@ -126,7 +126,7 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
         loaded[job["name"]] = (meta, arrays)
         e = {k: meta.get(k) for k in ("ok", "error", "init_s", "pass1_s", "pass2_s", "pass1_prompt_tok_per_s",
                                       "pass2_gen_tok_per_s", "cudagraph_mode", "compilation_mode",
-                                      "model_probe", "versions", "metrics", "prompt_tokens",
+                                      "model_probe", "worker_cudagraphs", "versions", "metrics", "prompt_tokens",
                                       "generated_tokens")}
         e.update(side=job["side"], backend_forced=job["backend"], env=job["env"])
         engines[job["name"]] = e
@@ -139,6 +139,9 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
             failures.append(f"{job['name']}: attention backends {used}, expected {want}")
         if job["side"] == "ref" and not (len(used) == 1 and used[0] in ("FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE")):
             failures.append(f"{job['name']}: reference selected {used}")
+        modes = {w.get("cudagraph_mode", "?").split(".")[-1] for w in meta.get("worker_cudagraphs") or []}
+        if not modes or "NONE" in modes:
+            failures.append(f"{job['name']}: CUDA graphs not in use (worker mode {sorted(modes)})")
         logits = sorted({p.get("indexer_logits", ["?"])[0] for p in meta["model_probe"]})
         want_idx = ["triton"] if job["side"] == "ours" else ["deepgemm"]
         if logits != want_idx:
@@ -181,7 +184,10 @@ def write_report(s: dict) -> str:
         be += " / " + ",".join(sorted({p.get("indexer_logits", ["?"])[0] for p in probe}))
         met = e.get("metrics") or {}
         short = ", ".join(f"{k.split(':')[-1]}={v:g}" for k, v in sorted(met.items()) if isinstance(v, (int, float)))
-        out.append(f"| {name} | {e['ok']} | {be} | {e.get('cudagraph_mode')} | {_f(e.get('init_s'))} | "
+        wcg = e.get("worker_cudagraphs") or [{}]
+        cg = wcg[0].get("cudagraph_mode", e.get("cudagraph_mode"))
+        cg += " " + "/".join(f"{k.split('.')[-1]}:{v}" for k, v in sorted(wcg[0].get("graphs", {}).items()))
+        out.append(f"| {name} | {e['ok']} | {be} | {cg} | {_f(e.get('init_s'))} | "
                    f"{_f(e.get('pass1_prompt_tok_per_s'))} | {_f(e.get('pass2_gen_tok_per_s'))} | {short} |")
     out += ["", "| vs ref | tf mean | tf p99 | tf max | sparse p99 | top-1 agree | dec mean | dec p99 | "
             "identical rows | matched tokens | max div. margin | broken |",

@@ -99,3 +99,14 @@ def describe_model(model) -> dict:
         logits = ["deepgemm", "pristine vLLM: DeepGEMM is the only CUDA indexer"]
     return {"attention_impls": sorted(impls), "attention_backends": sorted(backends),
             "indexer_modules": sorted(indexers), "indexer_logits": logits, "parameters": n_params}
+
+
+def worker_cudagraphs(worker) -> dict:
+    """The CUDA-graph mode a worker resolved (after the backends' support was applied)
+    and how many graphs of each kind its dispatcher holds (run in workers)."""
+    runner = worker.model_runner
+    out = {"cudagraph_mode": str(runner.compilation_config.cudagraph_mode)}
+    disp = getattr(runner, "cudagraph_dispatcher", None)
+    keys = getattr(disp, "cudagraph_keys", None) or {}
+    out["graphs"] = {str(mode): len(v) for mode, v in keys.items()}
+    return out

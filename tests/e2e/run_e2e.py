@@ -120,7 +120,7 @@ def engine_main(spec: dict, result_dir: str) -> None:
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from e2e_plugin import describe_model
+        from e2e_plugin import describe_model, worker_cudagraphs
 
         t0 = time.perf_counter()
         kwargs = dict(ENGINE, model=spec["model_dir"], dtype=spec["dtype"],
@@ -133,6 +133,7 @@ def engine_main(spec: dict, result_dir: str) -> None:
         meta["cudagraph_mode"] = str(cfg.compilation_config.cudagraph_mode)
         meta["compilation_mode"] = str(cfg.compilation_config.mode)
         meta["model_probe"] = llm.apply_model(describe_model)
+        meta["worker_cudagraphs"] = llm.collective_rpc(worker_cudagraphs)
         meta["versions"] = {"vllm": vllm.__version__, "torch": torch.__version__,
                             "gpu": torch.cuda.get_device_name(0), "python": sys.version.split()[0]}
         try:
