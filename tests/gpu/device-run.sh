@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# GPU tests on the lent H200 (no network, 64 MiB per call), in two phases that are two consecutive
-# calls on the warm machine (the files of phase 1 left in /tmp are still there for phase 2):
+# GPU tests on the lent H200 (no network, 64 MiB per call).  `all` (one call) is what produced
+# tests/gpu/results; the two-phase variant needs two consecutive calls on the same warm machine (the
+# files of phase 1 left in /tmp are still there for phase 2), which another user's call in between breaks:
+#   all      carry .gpu-port/so .gpu-port/tree : kernel tests, backend tests (native import with vLLM's
+#            compiled ops), benchmark
 #   kernels  carry .gpu-port/so .gpu-port/kern : unpack vLLM's compiled ops to /tmp/smla-port
 #            (checked against SHA256SUMS), run tests/gpu/test_kernel_gpu.py and the benchmark
 #   backend  carry .gpu-port/tree : unpack the patched tree, put the compiled ops of phase 1 into
 #            it, install the wheels, run tests/gpu/test_backend_gpu.py with vLLM imported natively
 #            (stand-in import if phase 1's ops are missing: the real-op test then skips)
 #   bench    carry .gpu-port/kern : the benchmark alone
-# usage (repo root): bash tests/gpu/device-run.sh kernels|backend|bench [pytest args]
+# usage (repo root): bash tests/gpu/device-run.sh all|kernels|backend|bench [pytest args]
 # Results under $OUT: gpu-env.txt, gpu-tests-<phase>.log, gpu-results.jsonl, bench/ (kernels).
 set -euo pipefail
 phase=${1:?usage: device-run.sh kernels|backend [pytest args]}
@@ -53,6 +56,27 @@ case "$phase" in
     export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
     python3 -m pytest tests/gpu/test_backend_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
       2>&1 | tee "$out/gpu-tests-backend.log"
+    ;;
+  all)  # carry .gpu-port/so .gpu-port/tree : everything in one call
+    rm -rf "$work/tree" && mkdir -p "$work/tree"
+    xz -dc "$b/tree/tree.tar.xz" | tar -x -C "$work/tree"
+    xz -dc "$b/so/_C_stable_libtorch.abi3.so.xz" > "$work/tree/vllm/_C_stable_libtorch.abi3.so"
+    (cd "$work/tree/vllm" && sha256sum -c "$OLDPWD/$b/so/SHA256SUMS") | tee -a "$out/gpu-env-$phase.txt"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$b"/tree/whl/*.whl
+    cp -r "$b"/tree/site-extra/* /tmp/site/
+    export SMLA_VLLM_TREE=$work/tree SMLA_GPU_RESULTS=$out/gpu-results.jsonl
+    rc=0
+    python3 -m pytest tests/gpu/test_kernel_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
+      > "$out/gpu-tests-kernels.log" 2>&1 || rc=$?
+    tail -2 "$out/gpu-tests-kernels.log"
+    PYTHONPATH=/tmp/site:$PWD/tools VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING} \
+      python3 -m pytest tests/gpu/test_backend_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
+      > "$out/gpu-tests-backend.log" 2>&1 || rc=$?
+    grep -E "^(PASSED|FAILED|ERROR|SKIPPED)" "$out/gpu-tests-backend.log" | cut -c1-150; tail -2 "$out/gpu-tests-backend.log"
+    timeout 150 python3 bench/bench_sparse_mla.py --prewarm 14 --out "$out/bench" \
+      > "$out/bench.log" 2>&1 || echo "bench exit $?" | tee -a "$out/bench.log"
+    tail -2 "$out/bench.log"
+    exit $rc
     ;;
   bench)  # carry .gpu-port/kern: the benchmark alone (also part of `kernels`)
     timeout 150 python3 bench/bench_sparse_mla.py --prewarm 14 --out "$out/bench" \

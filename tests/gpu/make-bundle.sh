@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Build the bundle for tests/gpu/device-run.sh (the lent H200: torch 2.11 + triton 3.6, no network,
-# 64 MiB per call), in three parts that travel in two calls (see tests/gpu/results/README.md):
+# 64 MiB per call), in parts that travel together in one call (device-run.sh all; ~64 MB with the repo):
 #   OUTDIR/so/    vllm/_C_stable_libtorch.abi3.so of the official wheel of the pinned release
 #                 (all of vLLM's CUDA ops, torch.ops._C*), xz-compressed (~55 MB), + its sha256
 #   OUTDIR/kern/  the kernel files the kernel tests and the benchmark load by path (+ vllm/__init__.py)
-#   OUTDIR/tree/  the patched tree's vllm/ (tracked files, tar.xz), the wheels of
+#   OUTDIR/tree/  the patched tree's vllm/ (tracked files less tests/gpu/bundle-prune.txt, tar.xz), the wheels of
 #                 bundle-requirements.txt and a vllm-<version>.dist-info (vLLM picks its platform
 #                 from the installed distribution's metadata; a source tree has none)
 # usage (repo root, after `make patch`, with network for the wheels):
@@ -33,8 +33,19 @@ cp "$tree"/vllm/__init__.py "$out/kern/vllm/"  # tests check for a vLLM tree by 
 cp "$tree"/vllm/v1/attention/ops/triton_sparse_mla.py "$tree"/vllm/v1/attention/ops/triton_decode_attention.py \
   "$out/kern/vllm/v1/attention/ops/"
 
-git -C "$tree" ls-files -z vllm | grep -zv '\.\(md\|png\|jpg\)$' \
-  | tar --null -C "$tree" -T - -cf - | xz -T0 -6 > "$out/tree/tree.tar.xz"
+git -C "$tree" ls-files vllm | grep -v '\.\(md\|png\|jpg\)$' | "$py" -c '
+import sys
+prune, keep = [], set()
+for line in open("tests/gpu/bundle-prune.txt"):
+    kind, _, path = line.partition(" ")
+    if kind == "prune":
+        prune.append(path.strip() + "/")
+    elif kind == "keep":
+        keep.add(path.strip())
+for f in sys.stdin.read().split():
+    if f in keep or not any(f.startswith(p) for p in prune):
+        print(f)
+' | tar -C "$tree" -T - -cf - | xz -T0 -9 > "$out/tree/tree.tar.xz"
 platforms=()
 for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_26_x86_64 manylinux_2_28_x86_64 \
          manylinux1_x86_64 manylinux_2_5_x86_64 any; do

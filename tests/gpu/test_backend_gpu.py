@@ -11,7 +11,8 @@ How vLLM is imported (`backend_mod`):
   release; tests/gpu/device-run.sh puts it there) and CUDA is available: the
   only stand-ins are empty modules for FlashAttention's compiled extensions
   (vllm.vllm_flash_attn._vllm_fa2_C/_fa3_C, 440 MiB, imported on vLLM's
-  attention import path, never called on the sparse-MLA path); the KV-cache
+  attention import path, never called on the sparse-MLA path) and, if it is
+  not installed, openai_harmony (import-only, see IMPORT_ONLY); the KV-cache
   write is vLLM's own concat_and_cache_mla (test_real_cache_write_then_attend);
 - otherwise through smla.selection.import_vllm_tree, which stands in for
   vllm._C and the other compiled modules (never called on this path); the
@@ -61,14 +62,45 @@ NATIVE_OPS = "vllm/_C_stable_libtorch.abi3.so"
 FA_EXTENSIONS = ("vllm.vllm_flash_attn._vllm_fa2_C", "vllm.vllm_flash_attn._vllm_fa3_C")
 
 
+# openai_harmony (3 MB wheel, left out of the device bundle): imported by
+# vllm/entrypoints/mcp (reached through vllm.config.reasoning) for its server
+# tool classes, which nothing on the sparse-MLA path uses.
+IMPORT_ONLY = ("openai_harmony",)
+
+
+class _StandInClass:
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError(f"{type(self).__name__} is a test stand-in")
+
+
+class _AnyClassModule(types.ModuleType):
+    """Any public attribute is a class that raises when instantiated (usable
+    in annotations such as `X | None`, unlike a function)."""
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        cls = type(attr, (_StandInClass,), {"__module__": self.__name__})
+        setattr(self, attr, cls)
+        return cls
+
+
 class _EmptyExtensions(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Stand-in: empty modules for FA_EXTENSIONS, only when no real one is
-    found (appended to sys.meta_path, so a real extension always wins)."""
+    """Stand-ins, only when no real module is found (appended to
+    sys.meta_path, so a real one always wins): empty modules for
+    FA_EXTENSIONS, any-class modules for IMPORT_ONLY.  `used` names them."""
+
+    used: list[str] = []
 
     def find_spec(self, name, path=None, target=None):
-        return importlib.machinery.ModuleSpec(name, self) if name in FA_EXTENSIONS else None
+        if name in FA_EXTENSIONS or name in IMPORT_ONLY:
+            self.used.append(name)
+            return importlib.machinery.ModuleSpec(name, self)
+        return None
 
     def create_module(self, spec):
+        if spec.name in IMPORT_ONLY:
+            return _AnyClassModule(spec.name)
         return types.ModuleType(spec.name)
 
     def exec_module(self, module):
@@ -92,6 +124,7 @@ def import_vllm(tree) -> str:
         assert current_platform.is_cuda(), current_platform
         import vllm._custom_ops  # noqa: F401  (registers torch.ops._C*)
 
+        print("native import; stand-ins used:", _EmptyExtensions.used)
         return "native"
     from smla.selection import import_vllm_tree
 
