@@ -246,9 +246,9 @@ def compile_report(tree: Path, arch: int, configs: list[dict] | None = None) -> 
     mod = load_indexer_module(tree, interpret=False)
     target = GPUTarget("cuda", arch, 32)
     if configs is None:
-        configs = [dict(kernel="prefill", BLOCK_N=128, BLOCK_M=4, num_warps=4, NEXT_N=1),
-                   dict(kernel="decode", BLOCK_N=64, num_warps=4, NEXT_N=1),
-                   dict(kernel="decode", BLOCK_N=64, num_warps=4, NEXT_N=2)]
+        configs = [dict(kernel="prefill", BLOCK_N=128, BLOCK_M=16, num_warps=4, NEXT_N=1),
+                   dict(kernel="decode", BLOCK_N=128, TILES=4, num_warps=4, NEXT_N=1),
+                   dict(kernel="decode", BLOCK_N=128, TILES=4, num_warps=4, NEXT_N=2)]
     ptr_types = {"q_ptr": "u8", "k_ptr": "u8", "kv_ptr": "u8", "k_scale_ptr": "fp32",
                  "w_ptr": "fp32", "ks_ptr": "i32", "ke_ptr": "i32", "ctx_ptr": "i32",
                  "bt_ptr": "i32", "out_ptr": "fp32"}
@@ -259,7 +259,7 @@ def compile_report(tree: Path, arch: int, configs: list[dict] | None = None) -> 
         if cfg["kernel"] == "prefill":
             cst["BLOCK_M"] = cfg["BLOCK_M"]
         else:
-            cst.update(NEXT_N=cfg["NEXT_N"], CTX_2D=True)
+            cst.update(NEXT_N=cfg["NEXT_N"], CTX_2D=True, TILES=cfg.get("TILES", 1))
         sig = {a: ("constexpr" if a in cst else "*" + ptr_types[a] if a in ptr_types else "i32")
                for a in fn.arg_names}
         opts = dict(num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2))

@@ -232,6 +232,8 @@ def test_paged_decode_mtp_2d_context_lens(mod):
     ref = ref_paged_mqa_logits(q_fp8, kv, w, lens2d, bt, 96)
     out = mod.paged_mqa_logits(q_fp8, kv, w, lens2d, bt, 96, block_n=32)
     assert_logits(out, ref)
+    assert torch.equal(mod.paged_mqa_logits(q_fp8, kv, w, lens2d, bt, 96, block_n=16, tiles=4),
+                       out)
     assert torch.isneginf(out[3]).all()
     for r, L in enumerate(row_lengths(lens2d, next_n).tolist()):
         assert torch.isfinite(out[r, :L]).all() and torch.isneginf(out[r, L:]).all()
@@ -249,6 +251,9 @@ def test_paged_decode_mtp_1d_context_lens(mod):
     assert_logits(out, ref)
     out_b1 = mod.paged_mqa_logits(q_fp8, kv, w, ctx[:, None], bt, 80, block_n=16)
     assert torch.equal(out_b1, out)
+    # several key tiles per program (the last one past max_model_len)
+    out_t = mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, 80, block_n=16, tiles=3)
+    assert torch.equal(out_t, out)
     # clean_logits=False: inside the bounds identical
     out_nc = mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, 80, block_n=16, clean_logits=False)
     fin = torch.isfinite(ref)

@@ -36,12 +36,10 @@ from test_indexer_gpu import BS, D, H, load_deepgemm, load_vllm_ops  # noqa: E40
 PREFILL = [([8192], [1024]), ([65536], [512]), ([16384], [4096])]
 DECODE = [(1, 65536, 1), (32, 4096, 1), (32, 65536, 1), (128, 16384, 1), (32, 65536, 2)]
 MAX_MODEL_LEN = 65536
-PREFILL_CFGS = [dict(block_n=128, block_m=4, num_warps=4), dict(block_n=128, block_m=8, num_warps=4),
-                dict(block_n=128, block_m=4, num_warps=8), dict(block_n=64, block_m=8, num_warps=4),
-                dict(block_n=256, block_m=4, num_warps=8)]
-DECODE_CFGS = [dict(block_n=64, num_warps=4), dict(block_n=32, num_warps=4),
-               dict(block_n=128, num_warps=4), dict(block_n=64, num_warps=8),
-               dict(block_n=128, num_warps=8)]
+# first entry = the wrappers' defaults
+PREFILL_CFGS = [dict(block_n=128, block_m=16, num_warps=4), dict(block_n=128, block_m=8, num_warps=4)]
+DECODE_CFGS = [dict(block_n=128, tiles=4, num_warps=4), dict(block_n=128, tiles=1, num_warps=4),
+               dict(block_n=128, tiles=16, num_warps=4), dict(block_n=64, tiles=4, num_warps=4)]
 
 
 def bench(fn):

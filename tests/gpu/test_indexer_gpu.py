@@ -51,10 +51,14 @@ H, D, TOPK, BS = 64, 128, 2048, 64
 ATTN_HEADS, MLA_D, MLA_DV = 64, 576, 512
 MLA_SCALE = 192 ** -0.5
 ATTN_DTYPE = torch.bfloat16  # the models' activation dtype
-# Bounds (generous against what the H200 shows; the figures go to the JSONL):
-LOGITS_REL = 1e-4  # ours vs DeepGEMM and vs float64, finite entries
-MIN_MEAN_OVERLAP = 0.99
-ATTN_REL = 2e-2  # bf16 attention outputs of the two top-k sets
+# Bounds; the measured figures go to the JSONL. First H200 run: ours vs float64
+# ~1e-7, DeepGEMM vs float64 ~2e-4 (its fp8 tensor-core accumulation), so
+# ours vs DeepGEMM is bounded by DeepGEMM's own error.
+LOGITS_REL_F64 = 1e-5  # ours vs float64
+LOGITS_REL_DG = 1e-3  # ours vs DeepGEMM
+MIN_MEAN_OVERLAP = 0.999
+ATTN_REL_F64 = 5e-3  # bf16 sparse-MLA output (our top-k) vs float64 on the same slots
+ATTN_ROW_L2 = 1e-2  # per-row relative L2 between the two paths' outputs
 
 
 def record(**fig):
@@ -95,7 +99,10 @@ class DeepGemm:
     def schedule(self, lens2d, bs):
         return self.m.get_paged_mqa_logits_metadata(lens2d, bs, self.num_sms)
 
-    def paged(self, q_fp8, kv, w, lens2d, bt, max_model_len, clean=True, sched=None):
+    def paged(self, q_fp8, kv, w, lens2d, bt, max_model_len, clean=False, sched=None):
+        # vLLM's call: 2-D context lengths, clean_logits=False (with 2-D lengths
+        # and clean_logits=True the wheel's DeepGEMM asserts `not
+        # is_context_lens_2d`, seen on the H200); callers mask by the lengths.
         if sched is None:
             sched = self.schedule(lens2d, kv.shape[1])
         return self.m.fp8_fp4_paged_mqa_logits((q_fp8, None), kv.unsqueeze(-2), w, lens2d, bt,
@@ -155,12 +162,22 @@ def set_overlap_gpu(a: torch.Tensor, b: torch.Tensor, n_cols: int) -> torch.Tens
     return torch.where(den > 0, inter / den.clamp(min=1), torch.ones_like(den))
 
 
-def attention_outputs(smla, latent, q_lat, req_of_row, bt, top_a, top_b):
-    sa = smla.convert_req_local_to_slots(req_of_row, bt, top_a, BS)
-    sb = smla.convert_req_local_to_slots(req_of_row, bt, top_b, BS)
-    oa = smla.sparse_mla_fwd(q_lat, latent, sa, MLA_SCALE, kv_lora_rank=MLA_DV)
-    ob = smla.sparse_mla_fwd(q_lat, latent, sb, MLA_SCALE, kv_lora_rank=MLA_DV)
-    return oa, ob, sa, sb
+def attention_compare(smla, latent, q_lat, req_of_row, bt, top_o, top_d, ov, ref_rows):
+    """Sparse MLA (0001) on our top-k and on DeepGEMM's: per-row relative L2
+    difference of the outputs (all rows; rows whose sets agree), and our
+    output vs float64 on our own slots (kernel accuracy)."""
+    so = smla.convert_req_local_to_slots(req_of_row, bt, top_o, BS)
+    sd = smla.convert_req_local_to_slots(req_of_row, bt, top_d, BS)
+    oo = smla.sparse_mla_fwd(q_lat, latent, so, MLA_SCALE, kv_lora_rank=MLA_DV).float()
+    od = smla.sparse_mla_fwd(q_lat, latent, sd, MLA_SCALE, kv_lora_rank=MLA_DV).float()
+    rel = (oo - od).norm(dim=(1, 2)) / od.norm(dim=(1, 2)).clamp(min=1e-30)
+    same = ov.to(rel.device) == 1
+    ref = reference_sparse_mla(q_lat[ref_rows], latent, so[ref_rows], MLA_SCALE, MLA_DV)
+    return dict(
+        attn_row_rel_l2_mean=float(rel.mean()), attn_row_rel_l2_max=float(rel.max()),
+        attn_row_rel_l2_max_same_sets=float(rel[same].max()) if same.any() else 0.0,
+        attn_rel_ours_vs_f64=finite_rel_diff(oo[ref_rows], ref,
+                                             torch.ones_like(ref, dtype=torch.bool)))
 
 
 def run_prefill_case(idx, smla, dg, ops, device, ctx_lens, q_lens, seed, ref_rows=8):
@@ -217,13 +234,8 @@ def run_prefill_case(idx, smla, dg, ops, device, ctx_lens, q_lens, seed, ref_row
     latent = torch.randn((case["kv"].shape[0] * BS, MLA_D), generator=g2, device=device
                          ).to(ATTN_DTYPE)
     q_lat = torch.randn((M, ATTN_HEADS, MLA_D), generator=g2, device=device).to(ATTN_DTYPE)
-    oa, ob, sa, sb = attention_outputs(smla, latent, q_lat, req, case["bt"], top_o, top_d)
-    fig["attn_rel_diff_ours_vs_deepgemm_topk"] = finite_rel_diff(
-        oa, ob, torch.ones_like(ob, dtype=torch.bool))
-    r = rows[: min(4, rows.numel())]
-    ref_o = reference_sparse_mla(q_lat[r], latent, sb[r], MLA_SCALE, MLA_DV)
-    fig["attn_rel_ours_vs_f64_on_deepgemm_topk"] = finite_rel_diff(
-        oa[r], ref_o, torch.ones_like(ref_o, dtype=torch.bool))
+    fig.update(attention_compare(smla, latent, q_lat, req, case["bt"], top_o, top_d, ov,
+                                 rows[: min(4, rows.numel())]))
     return fig
 
 
@@ -267,22 +279,19 @@ def run_decode_case(idx, smla, dg, ops, device, lens, next_n, seed, max_model_le
     R = B * next_n
     q_lat = torch.randn((R, ATTN_HEADS, MLA_D), generator=g2, device=device).to(ATTN_DTYPE)
     req = torch.arange(B, device=device, dtype=torch.int32).repeat_interleave(next_n)
-    oa, ob, sa, sb = attention_outputs(smla, latent, q_lat, req, case["bt"], top_o, top_d)
-    fig["attn_rel_diff_ours_vs_deepgemm_topk"] = finite_rel_diff(
-        oa, ob, torch.ones_like(ob, dtype=torch.bool))
-    r = torch.arange(min(4, R), device=device)
-    ref_o = reference_sparse_mla(q_lat[r], latent, sb[r], MLA_SCALE, MLA_DV)
-    fig["attn_rel_ours_vs_f64_on_deepgemm_topk"] = finite_rel_diff(
-        oa[r], ref_o, torch.ones_like(ref_o, dtype=torch.bool))
+    fig.update(attention_compare(smla, latent, q_lat, req, case["bt"], top_o, top_d, ov,
+                                 torch.arange(min(4, R), device=device)))
     return fig
 
 
 def check_fig(fig):
     assert fig["ours_inf_outside"] and fig["ours_finite_inside"], fig
-    assert fig["logits_rel_vs_deepgemm"] < LOGITS_REL, fig
-    assert fig["logits_rel_ours_vs_f64"] < LOGITS_REL, fig
+    assert fig["logits_rel_ours_vs_f64"] < LOGITS_REL_F64, fig
+    assert fig["logits_rel_vs_deepgemm"] < LOGITS_REL_DG, fig
     assert fig["topk_overlap_mean"] >= MIN_MEAN_OVERLAP, fig
-    assert fig["attn_rel_diff_ours_vs_deepgemm_topk"] < ATTN_REL, fig
+    assert fig["attn_rel_ours_vs_f64"] < ATTN_REL_F64, fig
+    assert fig["attn_row_rel_l2_max_same_sets"] < ATTN_ROW_L2, fig
+    assert fig["attn_row_rel_l2_mean"] < ATTN_ROW_L2, fig
 
 
 # ---------------------------------------------------------------------------
@@ -293,8 +302,12 @@ def test_fp8_decode_all_codes_gpu(idx):
     codes = torch.arange(256, dtype=torch.uint8, device="cuda")
     out = idx.fp8_e4m3_decode(codes)
     ref = codes.view(torch.float8_e4m3fn).float()
-    assert torch.equal(out.view(torch.int32), ref.view(torch.int32))
-    record(case="fp8_decode_256", bit_exact=True)
+    nan = torch.isnan(ref)
+    # every number bit-exact (+-0 and subnormals included); the two NaN codes
+    # NaN (the GPU's fp16->fp32 conversion canonicalises the NaN payload)
+    assert torch.equal(out[~nan].view(torch.int32), ref[~nan].view(torch.int32))
+    assert torch.equal(torch.isnan(out), nan) and int(nan.sum()) == 2
+    record(case="fp8_decode_256", numbers_bit_exact=True, nan_codes_nan=True)
 
 
 def test_query_quant_matches_vllm_op(ops):
