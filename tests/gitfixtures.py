@@ -75,3 +75,64 @@ def commit_change(tree: Path, files: dict[str, str], subject: str, body: str = "
     proc.git(tree, "add", "-A")
     proc.git(tree, "commit", "-q", "-m", f"{subject}\n\n{body}")
     return proc.git_out(tree, "rev-parse", "HEAD")
+
+
+# --- a local package index (PEP 691 JSON) over HTTP on 127.0.0.1 ---------------------------
+
+import http.server  # noqa: E402
+import json  # noqa: E402
+import threading  # noqa: E402
+
+
+class IndexServer:
+    """A tiny HTTP server: `routes[path] = (body, extra)`; extra may be {"redirect": url} or
+    {"auth": "Basic ..."} (required Authorization). Records every request's path and headers."""
+
+    def __init__(self):
+        self.routes: dict = {}
+        self.requests: list[tuple[str, dict]] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                outer.requests.append((self.path, dict(self.headers)))
+                body, extra = outer.routes.get(self.path, (None, None))
+                extra = extra or {}
+                if "redirect" in extra:
+                    self.send_response(302)
+                    self.send_header("Location", extra["redirect"])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if "auth" in extra and self.headers.get("Authorization") != extra["auth"]:
+                    self.send_error(401)
+                    return
+                if body is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def publish(self, project: str, files: list[tuple[str, bytes]], *, url_for=None, extra=None) -> None:
+        """List `files` (name, bytes) under /simple/<project>/ and serve them at /files/<name>."""
+        entries = []
+        for name, data in files:
+            sha = hashlib.sha256(data).hexdigest()
+            url = url_for(name) if url_for else f"/files/{name}"
+            entries.append({"filename": name, "url": url, "hashes": {"sha256": sha}})
+            self.routes[f"/files/{name}"] = (data, extra)
+        self.routes[f"/simple/{project}/"] = (json.dumps({"files": entries}).encode(), extra)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -19,6 +19,9 @@ from click.testing import CliRunner
 from smla import cache, proc, source
 from smla import export as export_mod
 from smla.cli import main
+from smla.pin import load as load_pin
+
+from gitfixtures import IndexServer
 
 LINES = [f"line {i}" for i in range(1, 41)]
 
@@ -240,8 +243,8 @@ def test_unknown_version(world, monkeypatch):
     assert snapshot(world["root"]) == before
 
 
-def _fake_sdist(world, tmp_path, commit_id: str) -> tuple[str, str]:
-    """An sdist of C1 as vllm-0.0.2.tar.gz recording `commit_id`; (file URL, sha256)."""
+def _fake_sdist(world, commit_id: str | None) -> bytes:
+    """An sdist of C1 as vllm-0.0.2.tar.gz recording `commit_id` in vllm/_version.py (None: no _version.py)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
         for name in "abcde":
@@ -249,18 +252,27 @@ def _fake_sdist(world, tmp_path, commit_id: str) -> tuple[str, str]:
             info = tarfile.TarInfo(f"vllm-0.0.2/{name}.py")
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
-        data = f"__version__ = version = '0.0.2'\n__commit_id__ = commit_id = '{commit_id}'\n".encode()
-        info = tarfile.TarInfo("vllm-0.0.2/vllm/_version.py")
-        info.size = len(data)
-        tf.addfile(info, io.BytesIO(data))
-    path = tmp_path / "vllm-0.0.2.tar.gz"
-    path.write_bytes(buf.getvalue())
-    return path.as_uri(), hashlib.sha256(buf.getvalue()).hexdigest()
+        if commit_id is not None:
+            data = f"__version__ = version = '0.0.2'\n__commit_id__ = commit_id = '{commit_id}'\n".encode()
+            info = tarfile.TarInfo("vllm-0.0.2/vllm/_version.py")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
-def test_version_target_via_sdist(world, tmp_path, monkeypatch):
-    url, sha = _fake_sdist(world, tmp_path, "g" + world["c1"][:9])
-    monkeypatch.setattr(cache, "pypi_file", lambda project, filename: (url, sha))
+@pytest.fixture()
+def index(monkeypatch):
+    """A local package index (loopback HTTP) that the rebase downloads sdists from."""
+    srv = IndexServer()
+    monkeypatch.setenv("SMLA_INDEX_URL", srv.base + "/simple")
+    yield srv
+    srv.close()
+
+
+def test_version_target_via_sdist(world, index):
+    data = _fake_sdist(world, "g" + world["c1"][:9])
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", data)])
+    sha = hashlib.sha256(data).hexdigest()
     res = smla(world, "--onto", "0.0.2", "--source", str(world["up"]), "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
@@ -268,26 +280,76 @@ def test_version_target_via_sdist(world, tmp_path, monkeypatch):
     assert outcomes(data) == {"Patch a": "unchanged", "Patch b": "offsets", "Patch c": "merged",
                               "Patch d": "upstream", "Patch e": "unchanged"}
     pin = data["pin"]["after"]
-    assert pin == {**pin, "commit": world["c1"], "version": "0.0.2", "sdist": "vllm-0.0.2.tar.gz",
-                   "sdist_sha256": sha}
+    assert pin == {**pin, "commit": world["c1"], "commit_kind": "full", "version": "0.0.2",
+                   "sdist": "vllm-0.0.2.tar.gz", "sdist_sha256": sha}
+    assert "commit_kind" not in (world["root"] / "vllm-pin.txt").read_text()  # full: the key stays out
     tree = world["tree"]
     base = proc.git_out(tree, "rev-parse", f"{source.BASE_TAG}^{{commit}}")
     assert proc.git_out(tree, "rev-parse", f"{base}^") == world["c0"]  # child of the old base
     assert source.read_tree_info(tree).source == "sdist"
 
 
-def test_version_target_needs_full_commit(world, tmp_path, monkeypatch):
-    url, sha = _fake_sdist(world, tmp_path, "gabcdef123")
-    monkeypatch.setattr(cache, "pypi_file", lambda project, filename: (url, sha))
+def test_rebase_with_the_package_index_alone_records_the_abbreviated_commit(world, index, tmp_path):
+    """Issue 11: no git remote, no mirror: the pin gets the sdist's abbreviation, marked as such."""
+    data = _fake_sdist(world, "gabcdef123")
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", data)])
+    sha = hashlib.sha256(data).hexdigest()
+    res = smla(world, "--onto", "0.0.2", "--source", "sdist", "--json", "--report-dir", str(tmp_path / "rep"))
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output)
+    assert report["pin"]["after"] == {**report["pin"]["after"], "commit": "abcdef123",
+                                      "commit_kind": "abbreviated", "sdist_sha256": sha}
+    assert any("abbreviated commit abcdef123" in n for n in report["target"]["notes"])
+    assert "abbreviated" in (tmp_path / "rep" / "rebase-report.md").read_text()
+    pin = load_pin(world["root"] / "vllm-pin.txt")  # the written pin validates
+    assert (pin.commit, pin.commit_kind, pin.sdist_sha256) == ("abcdef123", "abbreviated", sha)
+    text = (world["root"] / "vllm-pin.txt").read_text()
+    assert "commit = abcdef123\ncommit_kind = abbreviated\n" in text
+    tree = world["tree"]
+    assert source.read_tree_info(tree).upstream_commit == "abcdef123"
+    assert "Upstream-Commit: abcdef123 (abbreviated)" in proc.git_out(tree, "log", "-1", "--format=%B", "smla-base")
+
+    # what needs the full id says so: a git fetch of this pin
+    from smla.errors import FetchError
+
+    with pytest.raises(FetchError, match="abbreviated commit abcdef123.*full 40-hex"):
+        source.fetch(pin, tmp_path / "t-git", "git", echo=lambda *_: None)
+    said = []
+    assert source.fetch(pin, tmp_path / "t-auto", "auto", echo=said.append).source == "sdist"
+    assert any("abbreviated" in s and "sdist" in s for s in said)
+    # status, apply and the next rebase work on the abbreviated pin
+    assert smla(world, "--onto", "0.0.2", "--source", "sdist").exit_code == 0  # nothing to rebase
+
+    # completing the pin later: the full id must extend the abbreviation
+    res = smla(world, "--onto", "0.0.2", "--upstream-commit", "1" * 40)
+    assert res.exit_code == 2 and "does not match" in res.output
+    full = "abcdef123" + "0" * 31
+    res = smla(world, "--onto", "0.0.2", "--upstream-commit", full, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["status"] == "noop"
+    pin = load_pin(world["root"] / "vllm-pin.txt")
+    assert (pin.commit, pin.commit_kind) == (full, "full")
+    assert source.read_tree_info(tree).upstream_commit == full
+
+
+def test_version_target_resolved_from_upstream_commit(world, index):
+    data = _fake_sdist(world, "gabcdef123")
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", data)])
     before = snapshot(world["root"])
-    res = smla(world, "--onto", "0.0.2", "--source", str(world["up"]))
-    assert res.exit_code == 2 and "--upstream-commit" in res.output
     res = smla(world, "--onto", "0.0.2", "--upstream-commit", "1" * 40)
     assert res.exit_code == 2 and "does not match" in res.output
     assert snapshot(world["root"]) == before
     res = smla(world, "--onto", "0.0.2", "--upstream-commit", "abcdef123" + "0" * 31, "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["pin"]["after"]["commit"] == "abcdef123" + "0" * 31
+
+
+def test_version_target_without_any_commit_id_needs_upstream_commit(world, index):
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, None))])
+    before = snapshot(world["root"])
+    res = smla(world, "--onto", "0.0.2", "--source", "sdist")
+    assert res.exit_code == 2 and "records no commit id" in res.output and "--upstream-commit" in res.output
+    assert snapshot(world["root"]) == before
 
 
 def test_missing_tree_is_fetched_and_patched_first(world, tmp_path):

@@ -136,6 +136,16 @@ def fetch(pin: Pin, tree: Path, source: str = "auto", *, force: bool = False, ec
 
 def _fill(pin: Pin, repo: Path, source: str, echo) -> str:
     """Populate the empty dir `repo`; return the source kind used."""
+    if not pin.commit_is_full and source in ("auto", "git"):  # git cannot fetch an abbreviated id
+        if source == "git":
+            raise FetchError(
+                f"the pin records only the abbreviated commit {pin.commit} (commit_kind = abbreviated): "
+                "a git fetch needs the full 40-hex id",
+                hint=f"use `--source sdist` (its sha256 identifies the source), or complete the pin with "
+                     f"`smla rebase --onto {pin.version} --upstream-commit <40-hex>`",
+            )
+        echo(f"the pin records only the abbreviated commit {pin.commit}; using the PyPI sdist {pin.sdist}")
+        source = "sdist"
     if source == "git":
         _from_git(pin.repo, pin.commit, repo)
         return "git"

@@ -1,0 +1,213 @@
+"""What a rebase did, per patch, and its reports: text, JSON and Markdown (a pull-request body).
+
+Outcomes (docs/rebase.md):
+  unchanged   applies as is (`git apply --check`, no offsets)
+  offsets     applies, some hunks moved (no fuzz, context intact)
+  merged      needed a three-way merge, merged without conflict
+  upstream    the change is already in the new base (nothing left)
+  conflict    the merge conflicts: the run stops here
+  resolved    after `--continue`: the conflict was resolved by hand
+  skipped     after `--continue`: dropped by the user (`git am --skip`)
+  pending     not replayed yet
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from smla import report
+from smla.errors import CommandError, RebaseConflict
+
+UNCHANGED = "unchanged"
+OFFSETS = "offsets"
+MERGED = "merged"
+UPSTREAM = "upstream"
+CONFLICT = "conflict"
+RESOLVED = "resolved"
+SKIPPED = "skipped"
+PENDING = "pending"
+DESCRIPTIONS = {
+    UNCHANGED: "applied unchanged",
+    OFFSETS: "applied with line offsets",
+    MERGED: "merged three-way (no conflict)",
+    UPSTREAM: "already upstream (dropped from the series)",
+    CONFLICT: "CONFLICT",
+    RESOLVED: "conflict, resolved by hand",
+    SKIPPED: "conflict, dropped by the user (git am --skip)",
+    PENDING: "not replayed yet",
+}
+
+
+@dataclass
+class Outcome:
+    name: str
+    subject: str
+    outcome: str = PENDING
+    offsets: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # conflicted files
+    hunks: list[str] = field(default_factory=list)  # hunks that did not apply as is
+    commits: int = 0  # commits this patch produced on the new base
+    new_names: list[str] = field(default_factory=list)
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Outcome":
+        return cls(**d)
+
+
+@dataclass
+class RebaseResult:
+    status: str  # "clean", "conflict", "noop", "aborted"
+    tree: str
+    old: dict
+    new: dict
+    target: dict
+    patches: list[Outcome]
+    pin_before: dict
+    pin_after: dict | None = None
+    stopped_at: str | None = None
+    export: dict | None = None
+    tests: dict | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "status": self.status,
+            "tree": self.tree,
+            "old_base": self.old,
+            "new_base": self.new,
+            "target": self.target,
+            "patches": [p.to_dict() for p in self.patches],
+            "counts": self.counts(),
+            "pin": {"before": self.pin_before, "after": self.pin_after,
+                    "changed": bool(self.pin_after) and self.pin_after != self.pin_before},
+            "stopped_at": self.stopped_at,
+            "export": self.export,
+            "tests": self.tests,
+        }
+
+    def counts(self) -> dict:
+        out: dict[str, int] = {}
+        for p in self.patches:
+            out[p.outcome] = out.get(p.outcome, 0) + 1
+        return out
+
+    def raise_for_status(self) -> None:
+        """RebaseConflict when stopped on a conflict; CommandError when --test failed."""
+        if self.status == "conflict":
+            stopped = next(p for p in self.patches if p.outcome == CONFLICT)
+            raise RebaseConflict(
+                f"rebase stopped: patch {stopped.name} conflicts in {', '.join(stopped.files) or '?'}",
+                hint=resolve_hint(Path(self.tree)),
+            )
+        if self.tests is not None and not self.tests["passed"]:
+            raise CommandError(
+                f"the rebase succeeded, but the CPU suite failed against {self.tree} "
+                f"(exit {self.tests['returncode']})",
+                hint="see the test output above / in the report; fix the series in the tree and `smla export`",
+            )
+
+
+def resolve_hint(tree: Path) -> str:
+    t = shlex.quote(str(tree))
+    return (
+        f"resolve the conflicts in {tree} (edit, then `git -C {t} add <files>`), "
+        "then run `smla rebase --continue`; drop the patch with "
+        f"`git -C {t} am --skip` + `smla rebase --continue`; or give up with `smla rebase --abort`"
+    )
+
+
+def text(r: RebaseResult) -> str:
+    d = r.to_dict()
+    old, new = d["old_base"], d["new_base"]
+    if r.status == "aborted":
+        return (f"rebase onto {r.target['spec']} aborted: {r.tree} is back at {_label(old, None)} "
+                "with its original branch; pin file and patches/ restored byte for byte\n")
+    lines = [f"rebase {r.status}: {_label(old, None)} -> {_label(new, r.target)} in {r.tree}"]
+    for p in r.patches:
+        extra = []
+        if p.offsets:
+            extra.append("; ".join(p.offsets))
+        if p.files:
+            extra.append("files: " + ", ".join(p.files))
+        if p.new_names and p.new_names != [p.name]:
+            extra.append("now " + ", ".join(p.new_names))
+        lines.append(f"  {p.outcome:<10} {p.name}" + (f"  ({' | '.join(extra)})" if extra else ""))
+        lines += [f"               {h}" for h in (p.hunks if p.outcome == CONFLICT else [])]
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(d["counts"].items()))
+    lines.append(f"summary: {counts}")
+    for note in r.target.get("notes", []):
+        lines.append(f"note: {note}")
+    if r.status == "conflict":
+        lines.append(f"next: {resolve_hint(Path(r.tree))}")
+    if r.pin_after and d["pin"]["changed"]:
+        lines.append("pin: " + ", ".join(f"{k} {r.pin_before.get(k, '-')} -> {v}"
+                                          for k, v in r.pin_after.items() if r.pin_before.get(k) != v))
+    if r.tests:
+        lines.append(f"tests: {'passed' if r.tests['passed'] else 'FAILED'} ({r.tests['command']})")
+    return "\n".join(lines) + "\n"
+
+
+def _label(base: dict, target: dict | None, q: str = "") -> str:
+    """vLLM 0.17.0 (abc) for a release, vLLM commit abc for a commit target."""
+    c = f"{q}{base['upstream_commit'][:12]}{q}"
+    if target is not None and target.get("kind") == "commit":
+        return f"vLLM commit {c}"
+    if base.get("commit_kind") == "abbreviated":
+        c = f"{q}{base['upstream_commit']}{q}, abbreviated"
+    return f"vLLM {base['version']} ({c})"
+
+
+def markdown(r: RebaseResult) -> str:
+    d = r.to_dict()
+    old, new = d["old_base"], d["new_base"]
+    title = {"clean": "Rebase the sparse-MLA series", "conflict": "Rebase CONFLICT",
+             "noop": "Nothing to rebase", "aborted": "Rebase aborted"}[r.status]
+    out = [f"## {title}: {_label(old, None, '`')} → {_label(new, r.target, '`')}", ""]
+    out.append(f"Target `{r.target['spec']}` ({r.target['kind']}); old base `{old['upstream_commit'][:12]}` "
+               f"({old['source']}), new base `{new['upstream_commit'][:12]}` ({new['source']}).")
+    out.append("")
+    rows = []
+    for p in r.patches:
+        notes = []
+        if p.offsets:
+            notes.append("; ".join(p.offsets))
+        if p.files:
+            notes.append("files: " + ", ".join(f"`{f}`" for f in p.files))
+        if p.hunks and p.outcome in (CONFLICT, RESOLVED, MERGED):
+            notes.append("hunks: " + "; ".join(h.replace("|", "\\|") for h in p.hunks))
+        if p.detail:
+            notes.append(p.detail.replace("|", "\\|"))
+        rows.append([f"`{p.name}`", p.subject.replace("|", "\\|"), f"**{p.outcome}**",
+                     ", ".join(f"`{n}`" for n in p.new_names) or "—", "<br>".join(notes) or ""])
+    out.append(report.md_table(["patch", "subject", "outcome", "exported as", "notes"], rows))
+    out.append("Outcomes: " + ", ".join(f"{n} {k}" for k, n in sorted(d["counts"].items())) + ".")
+    out.append("")
+    if r.pin_after and d["pin"]["changed"]:
+        out += ["### `vllm-pin.txt`", "", "```diff"]
+        for k, v in r.pin_after.items():
+            if r.pin_before.get(k) != v:
+                if k in r.pin_before:
+                    out.append(f"- {k} = {r.pin_before[k]}")
+                out.append(f"+ {k} = {v}")
+        out += ["```", ""]
+    if r.target.get("notes"):
+        out += [f"- {n}" for n in r.target["notes"]] + [""]
+    if r.status == "conflict":
+        out += ["### Needs a human", "", f"The rebase stopped at `{r.stopped_at}`. {resolve_hint(Path(r.tree))}.", ""]
+    if r.tests:
+        out += [f"### Tests: {'passed' if r.tests['passed'] else 'FAILED'}", "",
+                f"`{r.tests['command']}` exited {r.tests['returncode']}.", "", "```", r.tests["tail"], "```", ""]
+    return "\n".join(out)
+
+
+def write_reports(r: RebaseResult, directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / "rebase-report.json", directory / "rebase-report.md", directory / "rebase-report.txt"]
+    report.write(paths[0], report.to_json(r.to_dict()))
+    report.write(paths[1], markdown(r))
+    report.write(paths[2], text(r))
+    return paths
