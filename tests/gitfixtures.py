@@ -136,3 +136,81 @@ class IndexServer:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+# --- the rebase world (tests/test_rebase.py, tests/test_nightly_workflow.py) -------------------
+
+from smla import export as _export_mod  # noqa: E402
+from smla import source  # noqa: E402
+from smla.pin import load as pin_load  # noqa: E402
+
+LINES = [f"line {i}" for i in range(1, 41)]
+
+
+def _write(repo: Path, name: str, lines: list[str]) -> None:
+    (repo / name).write_text("\n".join(lines) + "\n")
+
+
+def _commit(repo: Path, msg: str) -> str:
+    proc.git(repo, "add", "--all", "--", ".")
+    proc.git(repo, "commit", "-q", "-m", msg)
+    return proc.git_out(repo, "rev-parse", "HEAD")
+
+
+def _edit(lines: list[str], **changes: str) -> list[str]:
+    out = list(lines)
+    for key, value in changes.items():
+        out[int(key[1:]) - 1] = value
+    return out
+
+
+PIN_TEXT = """# test pin
+repo = {repo}
+commit = {commit}
+version = 0.0.1
+sdist = vllm-0.0.1.tar.gz
+sdist_sha256 = {sha}
+"""
+
+
+def make_rebase_world(tmp_path: Path) -> dict:
+    """For the rebase tests: an upstream repo (C0; C1: each patch in another outcome class; C2: C1 plus
+    a conflict with patch e), a toolkit root whose pin is C0 and whose series has one patch per file
+    a..e, exported from its patched tree root/work/vllm."""
+    up = tmp_path / "upstream"
+    up.mkdir()
+    proc.git(up, "init", "-q")
+    for name in "abcde":
+        _write(up, f"{name}.py", LINES)
+    c0 = _commit(up, "C0")
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "vllm-pin.txt").write_text(PIN_TEXT.format(repo=up, commit=c0, sha="0" * 64))
+    tree = root / "work" / "vllm"
+
+    source.fetch(pin_load(root / "vllm-pin.txt"), tree, str(up), echo=lambda *_: None)
+    # The series: one patch per file.
+    _write(tree, "a.py", _edit(LINES, l5="A patched"))
+    _commit(tree, "Patch a: unchanged")
+    _write(tree, "b.py", _edit(LINES, l20="B patched"))
+    _commit(tree, "Patch b: offsets")
+    _write(tree, "c.py", _edit(LINES, l20="C patched"))
+    _commit(tree, "Patch c: merged")
+    _write(tree, "d.py", _edit(LINES, l10="D patched"))
+    _commit(tree, "Patch d: upstream")
+    _write(tree, "e.py", _edit(LINES, l30="E patched"))
+    _commit(tree, "Patch e: conflicts")
+    _export_mod.export(tree, root / "patches")
+
+    # C1: b gets lines on top (offsets), c changes a context line (3-way),
+    # d takes the patch's change (upstream); a and e untouched.
+    _write(up, "b.py", ["new 1", "new 2", "new 3", *LINES])
+    _write(up, "c.py", _edit(LINES, l18="c upstream"))
+    _write(up, "d.py", _edit(LINES, l10="D patched"))
+    c1 = _commit(up, "C1")
+    _write(up, "e.py", _edit(LINES, l30="E upstream"))
+    c2 = _commit(up, "C2")
+    return {"up": up, "root": root, "tree": tree, "c0": c0, "c1": c1, "c2": c2}
+
+

@@ -21,77 +21,13 @@ from smla import export as export_mod
 from smla.cli import main
 from smla.pin import load as load_pin
 
-from gitfixtures import IndexServer
-
-LINES = [f"line {i}" for i in range(1, 41)]
-
-
-def _write(repo: Path, name: str, lines: list[str]) -> None:
-    (repo / name).write_text("\n".join(lines) + "\n")
-
-
-def _commit(repo: Path, msg: str) -> str:
-    proc.git(repo, "add", "--all", "--", ".")
-    proc.git(repo, "commit", "-q", "-m", msg)
-    return proc.git_out(repo, "rev-parse", "HEAD")
-
-
-def _edit(lines: list[str], **changes: str) -> list[str]:
-    out = list(lines)
-    for key, value in changes.items():
-        out[int(key[1:]) - 1] = value
-    return out
-
-
-PIN_TEXT = """# test pin
-repo = {repo}
-commit = {commit}
-version = 0.0.1
-sdist = vllm-0.0.1.tar.gz
-sdist_sha256 = {sha}
-"""
-
+from gitfixtures import LINES, IndexServer, _edit, _write, make_rebase_world
 
 @pytest.fixture()
 def world(tmp_path, monkeypatch):
     """Upstream mirror (C0, C1 clean, C2 conflicting), a toolkit root with pin + patches, a patched tree."""
     monkeypatch.setenv("SMLA_CACHE_DIR", str(tmp_path / "cache"))
-    up = tmp_path / "upstream"
-    up.mkdir()
-    proc.git(up, "init", "-q")
-    for name in "abcde":
-        _write(up, f"{name}.py", LINES)
-    c0 = _commit(up, "C0")
-
-    root = tmp_path / "root"
-    root.mkdir()
-    (root / "vllm-pin.txt").write_text(PIN_TEXT.format(repo=up, commit=c0, sha="0" * 64))
-    tree = root / "work" / "vllm"
-    from smla.pin import load
-
-    source.fetch(load(root / "vllm-pin.txt"), tree, str(up), echo=lambda *_: None)
-    # The series: one patch per file.
-    _write(tree, "a.py", _edit(LINES, l5="A patched"))
-    _commit(tree, "Patch a: unchanged")
-    _write(tree, "b.py", _edit(LINES, l20="B patched"))
-    _commit(tree, "Patch b: offsets")
-    _write(tree, "c.py", _edit(LINES, l20="C patched"))
-    _commit(tree, "Patch c: merged")
-    _write(tree, "d.py", _edit(LINES, l10="D patched"))
-    _commit(tree, "Patch d: upstream")
-    _write(tree, "e.py", _edit(LINES, l30="E patched"))
-    _commit(tree, "Patch e: conflicts")
-    export_mod.export(tree, root / "patches")
-
-    # C1: b gets lines on top (offsets), c changes a context line (3-way),
-    # d takes the patch's change (upstream); a and e untouched.
-    _write(up, "b.py", ["new 1", "new 2", "new 3", *LINES])
-    _write(up, "c.py", _edit(LINES, l18="c upstream"))
-    _write(up, "d.py", _edit(LINES, l10="D patched"))
-    c1 = _commit(up, "C1")
-    _write(up, "e.py", _edit(LINES, l30="E upstream"))
-    c2 = _commit(up, "C2")
-    return {"up": up, "root": root, "tree": tree, "c0": c0, "c1": c1, "c2": c2}
+    return make_rebase_world(tmp_path)
 
 
 def smla(world, *args: str):
