@@ -301,3 +301,30 @@ def test_exactly_one_action(world):
     assert smla(world).exit_code == 2
     assert smla(world, "--onto", world["c1"], "--abort").exit_code == 2
     assert smla(world, "--continue").exit_code == 7  # nothing in progress
+
+
+SUITE = '''
+import os
+from pathlib import Path
+
+from smla import source
+from smla.pin import load
+
+
+def test_the_tree_is_at_the_new_pin():
+    root, tree = Path(os.environ["SMLA_ROOT"]), Path(os.environ["SMLA_VLLM_TREE"])
+    assert source.read_tree_info(tree).upstream_commit == load(root / "vllm-pin.txt").commit
+    assert FAIL == 0
+'''
+
+
+@pytest.mark.parametrize("fail", [0, 1])
+def test_rebase_test_runs_the_suite_against_the_rebased_tree(world, fail):
+    """`--test`: the suite of the toolkit root runs after the pin moved, against the new tree."""
+    (world["root"] / "tests").mkdir()
+    (world["root"] / "tests" / "test_pinned.py").write_text(SUITE.replace("FAIL == 0", f"{fail} == 0"))
+    res = smla(world, "--onto", world["c1"], "--source", str(world["up"]), "--test", "--json")
+    report, _ = json.JSONDecoder().raw_decode(res.output[res.output.index("{"):])
+    assert report["tests"]["passed"] is (not fail) and report["status"] == "clean"
+    assert res.exit_code == (12 if fail else 0), res.output
+    assert "1 passed" in report["tests"]["tail"] or "1 failed" in report["tests"]["tail"]
