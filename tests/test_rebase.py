@@ -328,3 +328,66 @@ def test_rebase_test_runs_the_suite_against_the_rebased_tree(world, fail):
     assert report["tests"]["passed"] is (not fail) and report["status"] == "clean"
     assert res.exit_code == (12 if fail else 0), res.output
     assert "1 passed" in report["tests"]["tail"] or "1 failed" in report["tests"]["tail"]
+
+
+# --- findings of the real 0.16.0 -> 0.26.0 run (notes/rebase-findings.md) -----------------------
+
+
+def test_reports_follow_the_rebase_across_continue(world, tmp_path):
+    """F2/F3/F5/F6/F7: --report-dir and --report-name are remembered, every stop is kept, the range-diff
+    shows the resolution, and the written reports carry paths relative to the root."""
+    rep = tmp_path / "rep"
+    res = smla(world, "--onto", world["c2"], "--source", str(world["up"]), "--report-dir", str(rep),
+               "--report-name", "auto")
+    assert res.exit_code == 11, res.output
+    name = f"rebase-0.0.1-to-{world['c2'][:12]}"
+    stop = json.loads((rep / f"{name}.json").read_text())
+    assert stop["status"] == "conflict" and [s["patch"] for s in stop["stops"]] == ["0005-Patch-e-conflicts.patch"]
+    _write(world["tree"], "e.py", _edit(LINES, l30="E patched on top of upstream"))
+    proc.git(world["tree"], "add", "--", "e.py")
+    res = smla(world, "--continue")  # no --report-dir: the remembered one is used
+    assert res.exit_code == 0, res.output
+    final = json.loads((rep / f"{name}.json").read_text())
+    assert final["status"] == "clean"
+    assert final["stops"] == stop["stops"]  # the stop is still in the final report
+    assert final["tree"] == "work/vllm" and final["export"]["directory"] == "patches"
+    assert str(world["root"]) not in (rep / f"{name}.md").read_text()
+    assert "+E patched on top of upstream" in final["range_diff"] and "Conflict stops" in (rep / f"{name}.md").read_text()
+    assert sorted(p.name for p in rep.iterdir()) == [f"{name}.json", f"{name}.md", f"{name}.txt"]
+
+
+def test_conflict_lists_only_the_hunks_with_markers(world, tmp_path):
+    """F4: a hunk that fails plain apply but merges cleanly is not reported as conflicting."""
+    tree, root, up = world["tree"], world["root"], world["up"]
+    _write(tree, "e.py", _edit(LINES, l5="E early patched", l30="E patched"))
+    proc.git(tree, "commit", "-q", "--amend", "--no-edit", "-a")
+    export_mod.export(tree, root / "patches")
+    _write(up, "e.py", _edit(LINES, l3="e context moved upstream", l30="E upstream"))
+    proc.git(up, "commit", "-q", "-am", "C3")
+    c3 = proc.git_out(up, "rev-parse", "HEAD")
+    res = smla(world, "--onto", c3, "--source", str(up), "--json")
+    assert res.exit_code == 11
+    data, _ = json.JSONDecoder().raw_decode(res.output[res.output.index("{"):])
+    e = next(p for p in data["patches"] if p["subject"].startswith("Patch e"))
+    assert e["outcome"] == "conflict" and e["files"] == ["e.py"]
+    assert len(e["hunks"]) == 1 and e["hunks"][0].startswith("hunk #2 of e.py"), e["hunks"]
+    assert "merged without conflict markers: hunk #1 of e.py" in e["detail"]
+    # and git agrees: the merged file has the first change and markers only around line 30
+    text = (tree / "e.py").read_text()
+    assert "E early patched" in text.split("<<<<<<<")[0]
+
+
+def test_patches_that_only_add_files_are_flagged(world, tmp_path):
+    """F1: a new-file patch always applies; the report says that this proves nothing about its code."""
+    tree, root = world["tree"], world["root"]
+    (tree / "new_backend.py").write_text("import a\n")
+    proc.git(tree, "add", "--", "new_backend.py")
+    proc.git(tree, "commit", "-q", "-m", "Patch f: a new module\n\nWhy: test.")
+    export_mod.export(tree, root / "patches")
+    res = smla(world, "--onto", world["c1"], "--source", str(world["up"]), "--report-dir", str(tmp_path / "r"))
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "r" / "rebase-report.json").read_text())
+    flags = {p["subject"].split(":")[0]: p["new_files_only"] for p in data["patches"]}
+    assert flags["Patch f"] is True and flags["Patch a"] is False
+    md = (tmp_path / "r" / "rebase-report.md").read_text()
+    assert "adds new files only" in md and "--test" in md

@@ -201,10 +201,12 @@ def build_wheel(c: Ctx, base_wheel, from_source, full_cuda_build, python, out_di
 @click.option("--test", "run_tests", is_flag=True, help="Run the CPU suite against the rebased tree.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Write rebase-report.{json,md,txt} there.")
+              help="Write <name>.{json,md,txt} there (remembered: --continue/--abort report there too).")
+@click.option("--report-name", metavar="NAME",
+              help="Report file name without suffix (default rebase-report; `auto`: rebase-<old>-to-<new>).")
 @pass_ctx
 @_handle_errors
-def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, as_json, report_dir):
+def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, as_json, report_dir, report_name):
     """Carry the series onto a newer vLLM (three-way), update the pin, re-export patches/.
 
     Exit 0: rebased cleanly; 11: stopped on a conflict (resolve, then --continue,
@@ -216,15 +218,18 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
     if sum(map(bool, (onto, continue_, abort))) != 1:
         raise UsageError("give exactly one of --onto COMMIT|VERSION, --continue, --abort")
     echo = (lambda *_: None) if as_json else click.echo
+    reports = dict(report_dir=report_dir, report_name=report_name)
     if abort:
-        result = rebase_mod.abort(c.project, c.tree, echo=echo)
+        result = rebase_mod.abort(c.project, c.tree, echo=echo, **reports)
     elif continue_:
-        result = rebase_mod.continue_(c.project, c.tree, run_tests=run_tests, echo=echo)
+        result = rebase_mod.continue_(c.project, c.tree, run_tests=run_tests, echo=echo, **reports)
     else:
         result = rebase_mod.start(c.project, c.tree, onto, source_spec=source_, upstream_commit=upstream_commit,
-                                  run_tests=run_tests, echo=echo)
-    if report_dir:
-        rebase_mod.write_reports(result, report_dir)
+                                  run_tests=run_tests, echo=echo, **reports)
+    if result.report_dir:
+        written = rebase_mod.write_reports(result, Path(result.report_dir), result.report_name, root=c.project.root)
+        if not as_json:
+            click.echo(f"report: {', '.join(str(p) for p in written)}", err=True)
     click.echo(report.to_json(result.to_dict()) if as_json else rebase_mod.text(result), nl=False)
     result.raise_for_status()
 

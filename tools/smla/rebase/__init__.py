@@ -54,9 +54,15 @@ def start(
     source_spec: str = "auto",
     upstream_commit: str | None = None,
     run_tests: bool = False,
+    report_dir: Path | None = None,
+    report_name: str | None = None,
     echo=print,
 ) -> RebaseResult:
-    """Rebase the series onto `onto` (a commit id or a release version)."""
+    """Rebase the series onto `onto` (a commit id or a release version).
+
+    `report_dir`/`report_name` are remembered in the state, so `--continue`
+    and `--abort` write their reports to the same place (the CLI writes them).
+    """
     tree = tree.absolute()
     if source.rebase_in_progress(tree):
         st = state_mod.load(tree)
@@ -73,7 +79,9 @@ def start(
     old = {"base": info.base, "upstream_commit": info.upstream_commit, "version": info.version,
            "source": info.source, "commit_kind": old_pin.commit_kind}
     if target_mod.same_commit(target.commit, info.upstream_commit) and target.version == info.version:
-        return _noop(project, tree, old_pin, series, old, target, echo)
+        result = _noop(project, tree, old_pin, series, old, target, echo)
+        result.report_dir, result.report_name = _report_dir(report_dir), report_name
+        return result
     new_base = target_mod.bring_in(tree, info.base, target, echo)
 
     # Back up everything before the first visible change.
@@ -100,6 +108,8 @@ def start(
         "outcomes": [Outcome(p.name, p.subject).to_dict() for p in series.patches],
         "next": 0,
         "stop_head": None,
+        "stops": [],
+        "report": {"dir": _report_dir(report_dir), "name": report_name},
     }
     state_mod.save(tree, state)
     proc.git(tree, "checkout", "-q", "-B", WORK_BRANCH, new_base)
@@ -107,10 +117,12 @@ def start(
     return _replay(project, tree, state, run_tests, echo)
 
 
-def continue_(project: Project, tree: Path, *, run_tests: bool = False, echo=print) -> RebaseResult:
+def continue_(project: Project, tree: Path, *, run_tests: bool = False, report_dir: Path | None = None,
+              report_name: str | None = None, echo=print) -> RebaseResult:
     """Resume a stopped rebase once the user has resolved the conflict."""
     tree = tree.absolute()
     state = state_mod.load(tree)
+    _remember_report(state, report_dir, report_name)
     i = state["next"]
     out = Outcome.from_dict(state["outcomes"][i])
     if state_mod.am_in_progress(tree):
@@ -144,10 +156,12 @@ def continue_(project: Project, tree: Path, *, run_tests: bool = False, echo=pri
     return _replay(project, tree, state, run_tests, echo)
 
 
-def abort(project: Project, tree: Path, *, echo=print) -> RebaseResult:
+def abort(project: Project, tree: Path, *, report_dir: Path | None = None, report_name: str | None = None,
+          echo=print) -> RebaseResult:
     """Undo a stopped rebase: pin file, patches/ and the tree as before it."""
     tree = tree.absolute()
     state = state_mod.load(tree)
+    _remember_report(state, report_dir, report_name)
     if state_mod.am_in_progress(tree):
         proc.git(tree, "am", "--quit")
     proc.git(tree, "reset", "-q", "--hard")
@@ -164,8 +178,23 @@ def abort(project: Project, tree: Path, *, echo=print) -> RebaseResult:
     state_mod.restore_files(tree, Path(state["pin_file"]), Path(state["patches_dir"]), state["backup_files"])
     state_mod.remove(tree)
     outs = [Outcome.from_dict(o) for o in state["outcomes"]]
-    return RebaseResult("aborted", str(tree), state["old"], state["old"], state["target"], outs,
-                        state["pin_before"], state["pin_before"])
+    result = RebaseResult("aborted", str(tree), state["old"], state["old"], state["target"], outs,
+                          state["pin_before"], state["pin_before"], stops=state.get("stops", []))
+    result.report_dir, result.report_name = state.get("report", {}).get("dir"), state.get("report", {}).get("name")
+    return result
+
+
+def _report_dir(d: Path | None) -> str | None:
+    return str(d.absolute()) if d is not None else None
+
+
+def _remember_report(state: dict, report_dir: Path | None, report_name: str | None) -> None:
+    """An explicit --report-dir/--report-name on --continue/--abort replaces the remembered one."""
+    rep = state.setdefault("report", {"dir": None, "name": None})
+    if report_dir is not None:
+        rep["dir"] = _report_dir(report_dir)
+    if report_name is not None:
+        rep["name"] = report_name
 
 
 def _quote(tree: Path) -> str:
@@ -205,6 +234,8 @@ def _finish(project: Project, tree: Path, state: dict, outs: list[Outcome], run_
     names = iter(exported["series"])
     for o in outs:
         o.new_names = [next(names, "?") for _ in range(o.commits)]
+    rdiff = proc.git(tree, "range-diff", "--no-color", f"{state['orig_base']}..{state['orig_head']}",
+                     f"{state['new_base']}..HEAD", check=False)
 
     pin_file = Path(state["pin_file"])
     old_pin = pin_mod.load(pin_file)
@@ -218,6 +249,7 @@ def _finish(project: Project, tree: Path, state: dict, outs: list[Outcome], run_
     result = _result(state, outs, "clean")
     result.pin_after = state_mod.pin_dict(new_pin)
     result.export = exported
+    result.range_diff = rdiff.stdout if rdiff.returncode == 0 else ""
     echo(f"rebased onto vLLM {target['version']} ({new_pin.commit_label()}); "
          f"pin updated, {len(exported['series'])} patches exported to {patches_dir}")
     if run_tests:
@@ -266,8 +298,10 @@ def _result(state: dict, outs: list[Outcome], status: str, stopped_at: str | Non
     new = state.get("new") or {"base": state["new_base"], "upstream_commit": state["target"]["commit"],
                                "version": state["target"]["version"], "source": state["target"]["source"],
                                "commit_kind": state["target"].get("commit_kind", pin_mod.FULL)}
+    rep = state.get("report") or {}
     return RebaseResult(status, state.get("tree", ""), state["old"], new, state["target"], outs,
-                        state["pin_before"], None, stopped_at)
+                        state["pin_before"], None, stopped_at, stops=list(state.get("stops", [])),
+                        report_dir=rep.get("dir"), report_name=rep.get("name"))
 
 
 # --------------------------------------------------------------------------- preparing

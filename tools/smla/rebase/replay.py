@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import unidiff
+
 from smla import apply as apply_mod
 from smla import gitops, proc
 from smla import series as series_mod
@@ -30,6 +32,8 @@ def run(tree: Path, state: dict, echo) -> tuple[list[Outcome], Outcome | None]:
         if out.outcome == CONFLICT:
             state["next"] = i
             state["stop_head"] = proc.git_out(tree, "rev-parse", "HEAD")
+            state.setdefault("stops", []).append(
+                {"patch": out.name, "files": out.files, "hunks": out.hunks, "detail": out.detail})
             state_mod.save(tree, state)
             echo(f"  {out.outcome:<10} {out.name}: {', '.join(out.files)}")
             return outs, out
@@ -42,6 +46,8 @@ def run(tree: Path, state: dict, echo) -> tuple[list[Outcome], Outcome | None]:
 def replay_one(tree: Path, patch: series_mod.Patch, out: Outcome) -> None:
     path = patch.path.resolve()
     before = proc.git_out(tree, "rev-parse", "HEAD")
+    parsed = unidiff.PatchSet(path.read_text(encoding="utf-8"))
+    out.new_files_only = bool(len(parsed)) and all(pf.is_added_file for pf in parsed)
     check = proc.git(tree, "apply", "--check", "-v", "--", path, check=False)
     if check.returncode == 0:
         out.offsets = apply_mod.hunk_offsets(check.stderr + check.stdout)
@@ -70,8 +76,53 @@ def replay_one(tree: Path, patch: series_mod.Patch, out: Outcome) -> None:
     unmerged = state_mod.unmerged(tree)
     out.files = unmerged or sorted({h.split(" of ", 1)[1].split(" (", 1)[0] for h in out.hunks
                                     if " of " in h}) or list(patch.files)
-    if unmerged:
-        out.hunks = [h for h in out.hunks if any(f" of {f} (" in h for f in unmerged)] or out.hunks
     text = (merged.stdout + merged.stderr).strip()
     out.detail = next((ln.strip() for ln in text.splitlines() if "CONFLICT" in ln or ln.startswith("error:")),
                       text.splitlines()[-1] if text else "")
+    if unmerged:
+        failing = [h for h in out.hunks if any(f" of {f} (" in h for f in unmerged)] or out.hunks
+        marked = hunks_with_markers(tree, patch, parsed, unmerged)
+        if marked:
+            clean = [h for h in failing if h not in marked]
+            out.hunks = marked
+            if clean:
+                out.detail += f" (merged without conflict markers: {'; '.join(clean)})"
+        else:
+            out.hunks = failing
+            out.detail += " (no hunk of the patch matches the conflict markers: a file-level conflict)"
+
+
+_SIGNIFICANT = 4  # lines shorter than this (stripped) say nothing about which hunk they came from
+
+
+def hunks_with_markers(tree: Path, patch: series_mod.Patch, parsed: unidiff.PatchSet, files: list[str]) -> list[str]:
+    """The patch's hunks whose lines sit inside a conflict block (<<<<<<< ... >>>>>>>) of `files`.
+
+    A hunk counts when one of its added lines (or, for a pure deletion, its
+    removed lines) appears in a conflict block of the working file; hunks
+    git merged cleanly have no markers around their lines and are left out.
+    """
+    found: list[str] = []
+    for pf in parsed:
+        rel = pf.path
+        if rel not in files:
+            continue
+        try:
+            work = (tree / rel).read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        blocks: set[str] = set()
+        inside = False
+        for line in work:
+            if line.startswith("<<<<<<<"):
+                inside = True
+            elif line.startswith(">>>>>>>"):
+                inside = False
+            elif inside and not line.startswith(("=======", "|||||||")):
+                blocks.add(line.strip())
+        for index, h in enumerate(pf, 1):
+            changed = [ln.value.strip() for ln in h if ln.is_added] or [ln.value.strip() for ln in h if ln.is_removed]
+            if any(len(c) >= _SIGNIFICANT and c in blocks for c in changed):
+                desc = next((x.describe() for x in patch.hunks if x.file == rel and x.index == index), None)
+                found.append(desc or f"hunk #{index} of {rel}")
+    return found

@@ -50,13 +50,15 @@ class Outcome:
     commits: int = 0  # commits this patch produced on the new base
     new_names: list[str] = field(default_factory=list)
     detail: str = ""
+    new_files_only: bool = False  # the patch only adds files: it always applies, whatever the new base
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Outcome":
-        return cls(**d)
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 @dataclass
@@ -72,6 +74,10 @@ class RebaseResult:
     stopped_at: str | None = None
     export: dict | None = None
     tests: dict | None = None
+    stops: list[dict] = field(default_factory=list)  # every conflict stop of this rebase, in order
+    range_diff: str = ""  # `git range-diff` old series vs new series (what the rebase changed in each patch)
+    report_dir: str | None = None  # remembered from --onto, so --continue/--abort report there too
+    report_name: str | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -87,6 +93,8 @@ class RebaseResult:
             "stopped_at": self.stopped_at,
             "export": self.export,
             "tests": self.tests,
+            "stops": self.stops,
+            "range_diff": self.range_diff,
         }
 
     def counts(self) -> dict:
@@ -135,6 +143,8 @@ def text(r: RebaseResult) -> str:
             extra.append("files: " + ", ".join(p.files))
         if p.new_names and p.new_names != [p.name]:
             extra.append("now " + ", ".join(p.new_names))
+        if p.new_files_only and p.outcome in (UNCHANGED, OFFSETS):
+            extra.append("new files only: not checked against the new base")
         lines.append(f"  {p.outcome:<10} {p.name}" + (f"  ({' | '.join(extra)})" if extra else ""))
         lines += [f"               {h}" for h in (p.hunks if p.outcome == CONFLICT else [])]
     counts = ", ".join(f"{n} {k}" for k, n in sorted(d["counts"].items()))
@@ -181,6 +191,8 @@ def markdown(r: RebaseResult) -> str:
             notes.append("hunks: " + "; ".join(h.replace("|", "\\|") for h in p.hunks))
         if p.detail:
             notes.append(p.detail.replace("|", "\\|"))
+        if p.new_files_only and p.outcome in (UNCHANGED, OFFSETS):
+            notes.append(NEW_FILES_NOTE)
         rows.append([f"`{p.name}`", p.subject.replace("|", "\\|"), f"**{p.outcome}**",
                      ", ".join(f"`{n}`" for n in p.new_names) or "—", "<br>".join(notes) or ""])
     out.append(report.md_table(["patch", "subject", "outcome", "exported as", "notes"], rows))
@@ -196,17 +208,67 @@ def markdown(r: RebaseResult) -> str:
         out += ["```", ""]
     if r.target.get("notes"):
         out += [f"- {n}" for n in r.target["notes"]] + [""]
+    if r.stops:
+        out += ["### Conflict stops", ""]
+        for i, stop in enumerate(r.stops, 1):
+            hunks = "; ".join(h.replace("|", "\\|") for h in stop.get("hunks", [])) or "—"
+            out.append(f"{i}. `{stop['patch']}`: files {', '.join(f'`{f}`' for f in stop['files']) or '?'}; "
+                       f"hunks with conflict markers: {hunks}"
+                       + (f" ({stop['detail']})" if stop.get("detail") else ""))
+        out.append("")
     if r.status == "conflict":
         out += ["### Needs a human", "", f"The rebase stopped at `{r.stopped_at}`. {resolve_hint(Path(r.tree))}.", ""]
+    if r.range_diff:
+        out += ["### What changed in each patch (`git range-diff` old series → new series)", "",
+                "<details><summary>range-diff</summary>", "", "```diff", r.range_diff.rstrip(), "```", "",
+                "</details>", ""]
+    if not r.tests and any(p.new_files_only and p.outcome in (UNCHANGED, OFFSETS) for p in r.patches) \
+            and r.status == "clean":
+        out += ["Patches that only add files applied trivially: run `smla rebase ... --test` (or `make test`) "
+                "to check their code against the new base.", ""]
     if r.tests:
         out += [f"### Tests: {'passed' if r.tests['passed'] else 'FAILED'}", "",
                 f"`{r.tests['command']}` exited {r.tests['returncode']}.", "", "```", r.tests["tail"], "```", ""]
     return "\n".join(out)
 
 
-def write_reports(r: RebaseResult, directory: Path) -> list[Path]:
+NEW_FILES_NOTE = ("adds new files only: applies whatever the new base, so this outcome says nothing about "
+                  "its code against the new base's interfaces (run with --test)")
+
+
+def default_report_name(r: RebaseResult) -> str:
+    """`rebase-<old version>-to-<new version or commit>`, the reports/ naming of this repository."""
+    new = r.new["version"] if r.target.get("kind") == "version" else r.new["upstream_commit"][:12]
+    return f"rebase-{r.old['version']}-to-{new}"
+
+
+def portable(r: RebaseResult, root: Path | None) -> RebaseResult:
+    """A copy whose paths are relative to the toolkit root (for reports that get committed)."""
+    import copy
+
+    if root is None:
+        return r
+    out = copy.copy(r)
+
+    def rel(p: str) -> str:
+        try:
+            return str(Path(p).resolve().relative_to(root.resolve()))
+        except ValueError:
+            return p
+
+    out.tree = rel(r.tree)
+    if r.export:
+        out.export = {**r.export, "directory": rel(r.export["directory"])}
+    return out
+
+
+def write_reports(r: RebaseResult, directory: Path, name: str | None = None, root: Path | None = None) -> list[Path]:
+    """<name>.json/.md/.txt in `directory` (name: rebase-report; `auto`: rebase-<old>-to-<new>),
+    paths relative to `root`."""
+    name = default_report_name(r) if name == "auto" else (name or "rebase-report")
+    r = portable(r, root)
     directory.mkdir(parents=True, exist_ok=True)
-    paths = [directory / "rebase-report.json", directory / "rebase-report.md", directory / "rebase-report.txt"]
+    paths = [directory / f"{name}.json", directory / f"{name}.md", directory / f"{name}.txt"]
     report.write(paths[0], report.to_json(r.to_dict()))
     report.write(paths[1], markdown(r))
     report.write(paths[2], text(r))
