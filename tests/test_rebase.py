@@ -391,3 +391,38 @@ def test_patches_that_only_add_files_are_flagged(world, tmp_path):
     assert flags["Patch f"] is True and flags["Patch a"] is False
     md = (tmp_path / "r" / "rebase-report.md").read_text()
     assert "adds new files only" in md and "--test" in md
+
+
+def test_conflict_hunks_when_two_hunks_add_the_same_line(tmp_path):
+    """F4, as in the real 0.26.0 -> 0.33.0 run: both hunks of the CUDA-priority patch add the same
+    enum line; only the one inside the conflict block is reported."""
+    import unidiff
+
+    from smla import series as series_mod
+    from smla.rebase import replay
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    proc.git(repo, "init", "-q")
+    base = ["def a():", "    return [", "        SM120,", "    ]", *[f"# filler {i}" for i in range(12)],
+            "def b():", "    return [", "        MLA,", "        FLASHMLA_SPARSE,", "    ]"]
+    _write(repo, "f.py", base)
+    proc.git(repo, "add", "f.py")
+    proc.git(repo, "commit", "-qm", "base")
+    patched = list(base)
+    patched.insert(3, "        TRITON_SPARSE,")
+    patched.insert(len(patched) - 1, "        TRITON_SPARSE,")
+    _write(repo, "f.py", patched)
+    proc.git(repo, "commit", "-qam", "Add TRITON_SPARSE\n\nWhy: test.")
+    text = proc.git(repo, "format-patch", "-1", "--stdout").stdout
+    path = tmp_path / "0001-x.patch"
+    path.write_text(text)
+    # the merge: hunk 1 went in, hunk 2 conflicts with an upstream rewrite of b()
+    merged = ["def a():", "    return [", "        SM120,", "        TRITON_SPARSE,", "    ]",
+              *[f"# filler {i}" for i in range(12)], "def b():", "    return [",
+              "<<<<<<< HEAD", "        *tail,", "=======", "        MLA,", "        FLASHMLA_SPARSE,",
+              "        TRITON_SPARSE,", ">>>>>>> Add TRITON_SPARSE", "    ]"]
+    _write(repo, "f.py", merged)
+    patch = series_mod.parse_patch(path)
+    got = replay.hunks_with_markers(repo, patch, unidiff.PatchSet(text), ["f.py"])
+    assert len(got) == 1 and got[0].startswith("hunk #2 of f.py"), got

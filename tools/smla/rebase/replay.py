@@ -92,15 +92,15 @@ def replay_one(tree: Path, patch: series_mod.Patch, out: Outcome) -> None:
             out.detail += " (no hunk of the patch matches the conflict markers: a file-level conflict)"
 
 
-_SIGNIFICANT = 4  # lines shorter than this (stripped) say nothing about which hunk they came from
-
-
 def hunks_with_markers(tree: Path, patch: series_mod.Patch, parsed: unidiff.PatchSet, files: list[str]) -> list[str]:
-    """The patch's hunks whose lines sit inside a conflict block (<<<<<<< ... >>>>>>>) of `files`.
+    """The patch's hunks that git could not merge: those not found, merged, outside the conflict blocks.
 
-    A hunk counts when one of its added lines (or, for a pure deletion, its
-    removed lines) appears in a conflict block of the working file; hunks
-    git merged cleanly have no markers around their lines and are left out.
+    The working file is read with every conflict block (<<<<<<< ... >>>>>>>)
+    blanked out. A hunk counts as merged when each run of its added lines,
+    with the post-image line before and after it (or, for a pure deletion,
+    the two lines around the removed run), appears there contiguously;
+    otherwise it is one of the conflicting hunks. Empty when the files hold
+    no conflict blocks at all (a file-level conflict).
     """
     found: list[str] = []
     for pf in parsed:
@@ -111,18 +111,48 @@ def hunks_with_markers(tree: Path, patch: series_mod.Patch, parsed: unidiff.Patc
             work = (tree / rel).read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             continue
-        blocks: set[str] = set()
+        outside: list[str | None] = []
         inside = False
         for line in work:
             if line.startswith("<<<<<<<"):
                 inside = True
-            elif line.startswith(">>>>>>>"):
+            if inside:
+                outside.append(None)  # no match may span or touch a conflict block
+            else:
+                outside.append(line.strip())
+            if line.startswith(">>>>>>>"):
                 inside = False
-            elif inside and not line.startswith(("=======", "|||||||")):
-                blocks.add(line.strip())
+        if all(x is not None for x in outside):
+            continue
         for index, h in enumerate(pf, 1):
-            changed = [ln.value.strip() for ln in h if ln.is_added] or [ln.value.strip() for ln in h if ln.is_removed]
-            if any(len(c) >= _SIGNIFICANT and c in blocks for c in changed):
+            if not all(_contiguous(outside, needle) for needle in _needles(h)):
                 desc = next((x.describe() for x in patch.hunks if x.file == rel and x.index == index), None)
                 found.append(desc or f"hunk #{index} of {rel}")
     return found
+
+
+def _needles(hunk) -> list[list[str]]:
+    """Per run of changed lines: the post-image lines that must end up adjacent in a clean merge."""
+    lines = list(hunk)
+    needles = []
+    i = 0
+    while i < len(lines):
+        if lines[i].is_context:
+            i += 1
+            continue
+        j = i
+        while j < len(lines) and not lines[j].is_context:
+            j += 1
+        run = [ln.value.strip() for ln in lines[i:j] if ln.is_added]
+        before = next((ln.value.strip() for ln in reversed(lines[:i]) if not ln.is_removed), None)
+        after = next((ln.value.strip() for ln in lines[j:] if not ln.is_removed), None)
+        needle = [x for x in (before, *run, after) if x is not None]
+        if len(needle) >= 2 or run:
+            needles.append(needle)
+        i = j
+    return needles
+
+
+def _contiguous(haystack: list[str | None], needle: list[str]) -> bool:
+    n = len(needle)
+    return any(haystack[k:k + n] == needle for k in range(len(haystack) - n + 1))

@@ -127,7 +127,7 @@ def _resolve_version(spec: str, pin: pin_mod.Pin, source_spec: str, given: str |
             commit, kind = short, pin_mod.ABBREVIATED
             notes.append(
                 f"the sdist records only the abbreviated commit {short} (vllm/_version.py) and {how}: the pin "
-                f"records `commit = {short}` with `commit_kind = abbreviated`; the sdist's sha256 identifies "
+                f"gets `commit = {short}` with `commit_kind = abbreviated`; the sdist's sha256 identifies "
                 "the source. A git fetch of this pin needs the full id: complete it later with "
                 f"`smla rebase --onto {spec} --upstream-commit <40-hex>`"
             )
