@@ -101,3 +101,11 @@ def test_redact():
     assert cache.redact("https://u:p@host:8443/simple") == "https://***@host:8443/simple"
     assert cache.redact("https://token@host/simple") == "https://***@host/simple"
     assert cache.redact("https://host/simple") == "https://host/simple"
+
+
+def test_progress_never_writes_to_stdout(server, tmp_path, capfd):
+    server.publish("vllm", [("vllm-1.0.tar.gz", b"payload" * 1000)])
+    url, sha = cache.pypi_file("vllm", "vllm-1.0.tar.gz")
+    cache.fetch(url, _dest(tmp_path, "vllm-1.0.tar.gz"), sha)  # quiet=False
+    assert capfd.readouterr().out == ""
+    assert cache.progress_console().stderr

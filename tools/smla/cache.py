@@ -22,6 +22,7 @@ import base64
 import json
 import logging
 import os
+import sys
 import tempfile
 import urllib.error
 import urllib.parse
@@ -29,6 +30,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -44,6 +46,11 @@ from smla.fsutil import sha256_file
 log = logging.getLogger("smla.cache")
 
 DEFAULT_INDEX = "https://pypi.org/simple"
+
+
+def progress_console() -> Console:
+    """Progress bars go to stderr (stdout stays clean for --json and pipes)."""
+    return Console(stderr=True)
 
 
 def cache_dir() -> Path:
@@ -238,7 +245,8 @@ def _stream(url: str, out, digest, label: str, quiet: bool) -> None:
                 TransferSpeedColumn(),
                 TimeRemainingColumn(),
                 transient=True,
-                disable=quiet,
+                console=progress_console(),
+                disable=quiet or not sys.stderr.isatty(),
             ) as progress:
                 task = progress.add_task(label, total=total)
                 while chunk := resp.read(1 << 20):

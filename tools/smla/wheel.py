@@ -610,7 +610,8 @@ def build_overlay(
             tmp_out = scratch / out_name
             total = sum(base_names[n].file_size if d is None else len(d) for n, (d, _) in members.items())
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-                          TimeRemainingColumn(), transient=True, disable=quiet) as progress:
+                          TimeRemainingColumn(), transient=True, console=cache.progress_console(),
+                          disable=quiet or not sys.stderr.isatty()) as progress:
                 task = progress.add_task(f"writing {out_name}", total=total)
                 with _FixedWheelFile(tmp_out, date) as out:
                     for name, data in _prefetch(wf, members):
