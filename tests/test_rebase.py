@@ -356,6 +356,16 @@ def test_reports_follow_the_rebase_across_continue(world, tmp_path):
     assert sorted(p.name for p in rep.iterdir()) == [f"{name}.json", f"{name}.md", f"{name}.txt"]
 
 
+def test_abort_reports_to_the_remembered_place(world, tmp_path):
+    rep = tmp_path / "rep"
+    assert smla(world, "--onto", world["c2"], "--source", str(world["up"]), "--report-dir", str(rep),
+                "--report-name", "auto").exit_code == 11
+    assert smla(world, "--abort").exit_code == 0
+    name = f"rebase-0.0.1-to-{world['c2'][:12]}"
+    assert json.loads((rep / f"{name}.json").read_text())["status"] == "aborted"
+    assert sorted(p.name for p in rep.iterdir()) == [f"{name}.json", f"{name}.md", f"{name}.txt"]
+
+
 def test_conflict_lists_only_the_hunks_with_markers(world, tmp_path):
     """F4: a hunk that fails plain apply but merges cleanly is not reported as conflicting."""
     tree, root, up = world["tree"], world["root"], world["up"]

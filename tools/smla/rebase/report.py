@@ -238,8 +238,8 @@ NEW_FILES_NOTE = ("adds new files only: applies whatever the new base, so this o
 
 def default_report_name(r: RebaseResult) -> str:
     """`rebase-<old version>-to-<new version or commit>`, the reports/ naming of this repository."""
-    new = r.new["version"] if r.target.get("kind") == "version" else r.new["upstream_commit"][:12]
-    return f"rebase-{r.old['version']}-to-{new}"
+    new = r.target["version"] if r.target.get("kind") == "version" else r.target["commit"][:12]
+    return f"rebase-{r.old['version']}-to-{new}"  # from the target: an aborted rebase reports there too
 
 
 def portable(r: RebaseResult, root: Path | None) -> RebaseResult:
