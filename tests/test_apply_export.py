@@ -169,12 +169,14 @@ def test_status_reports_patches_and_local_edits(setup):
     s = status_mod.status(pin, tree, load(root))
     assert [p["state"] for p in s["patches"]] == ["already-applied"] * 3
     assert s["matches_pin"] and s["uncommitted"] == [] and s["unexported"] == [] and s["local_commits"] == []
-    commit_change(tree, {"vllm/new.py": "x = 1\n"}, "A local fix")
+    assert s["state"] == "in-sync" and s["in_sync"] and s["hint"] is None
+    fix = commit_change(tree, {"vllm/new.py": "x = 1\n"}, "A local fix")
     (tree / "README.md").write_text("dirty\n")
     s = status_mod.status(pin, tree, load(root))
     assert s["local_commits"][0]["subject"] == "A local fix"
-    assert s["unexported"] == ["0004-A-local-fix.patch"]
+    assert s["unexported"] == [f"{fix[:12]} A local fix"]
     assert s["uncommitted"] == ["README.md"]
+    assert s["state"] == "tree-edited" and not s["in_sync"]
 
 
 # --- series validation -----------------------------------------------------
@@ -261,7 +263,7 @@ def test_fetch_force_refuses_to_lose_unexported_work(setup):
     args = ["--root", str(root), "--tree", str(tree), "fetch", "--force", "--source", "git"]
     refused = runner.invoke(main, args)
     assert refused.exit_code == TreeStateError.exit_code, refused.output
-    assert "0004-Unexported-fix.patch" in refused.output and "--discard" in refused.output
+    assert "Unexported fix" in refused.output and "--discard" in refused.output
     assert subjects(tree)[-1] == "Unexported fix"
     export_mod.export(tree, root / "patches")  # saved: now replacing is allowed
     ok = runner.invoke(main, args)

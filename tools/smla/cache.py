@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 import urllib.error
 import urllib.parse
@@ -19,6 +20,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -34,6 +36,18 @@ from smla.fsutil import sha256_file
 log = logging.getLogger("smla.cache")
 
 DEFAULT_INDEX = "https://pypi.org/simple"
+_progress_on = True
+
+
+def set_progress(enabled: bool) -> None:
+    """Turn download progress bars off for this process (the CLI does under --json)."""
+    global _progress_on
+    _progress_on = enabled
+
+
+def progress_enabled(quiet: bool = False) -> bool:
+    """Progress bars go to stderr, and only when it is a terminal and nobody asked for quiet."""
+    return _progress_on and not quiet and sys.stderr.isatty()
 
 
 def cache_dir() -> Path:
@@ -120,7 +134,8 @@ def _stream(url: str, out, digest, label: str, quiet: bool) -> None:
                 TransferSpeedColumn(),
                 TimeRemainingColumn(),
                 transient=True,
-                disable=quiet,
+                console=Console(stderr=True),
+                disable=not progress_enabled(quiet),
             ) as progress:
                 task = progress.add_task(label, total=total)
                 while chunk := resp.read(1 << 20):

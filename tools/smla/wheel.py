@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from packaging.version import InvalidVersion, Version
+from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from wheel.wheelfile import WHEEL_INFO_RE, WheelFile
 from wheel.wheelfile import WheelError as _LibWheelError
@@ -499,7 +500,8 @@ def build_overlay(
             tmp_out = scratch / out_name
             total = sum(base_names[n].file_size if d is None else len(d) for n, (d, _) in members.items())
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-                          TimeRemainingColumn(), transient=True, disable=quiet) as progress:
+                          TimeRemainingColumn(), transient=True, console=Console(stderr=True),
+                          disable=not cache.progress_enabled(quiet)) as progress:
                 task = progress.add_task(f"writing {out_name}", total=total)
                 with _FixedWheelFile(tmp_out, date) as out:
                     for name, data in _prefetch(wf, members):
