@@ -11,7 +11,7 @@ from smla import apply as apply_mod, export as export_mod, proc, series, source,
 from smla.cli import main
 from smla.errors import ApplyError, ExportError, SeriesError, TreeStateError
 
-from gitfixtures import commit_change, make_project, make_upstream, pin_for
+from gitfixtures import commit_change, make_project, pin_for, series_project
 
 quiet = dict(echo=lambda *_: None)
 
@@ -19,21 +19,7 @@ quiet = dict(echo=lambda *_: None)
 @pytest.fixture
 def setup(tmp_path):
     """A project with a 3-patch series exported from a real tree, and a fresh tree at the base."""
-    upstream, commit = make_upstream(tmp_path)
-    root = make_project(tmp_path, str(upstream), commit)
-    authoring = tmp_path / "authoring"
-    pin = pin_for(upstream, commit)
-    source.fetch(pin, authoring, "git", **quiet)
-    cuda = (authoring / "vllm/platforms/cuda.py").read_text()
-    commit_change(authoring, {"vllm/ops/kernel.py": "def k():\n    return 1\n"}, "Add the kernel module",
-                  "Why: the backend needs a kernel.")
-    commit_change(authoring, {"vllm/registry.py": "A = 1\nB = 2\nSPARSE = 9\nC = 3\n"}, "Register the backend")
-    commit_change(authoring, {"vllm/platforms/cuda.py": cuda.replace("line 20\n", "line 20\nSPARSE\n")},
-                  "Prefer the backend on CUDA")
-    export_mod.export(authoring, root / "patches")
-    tree = tmp_path / "work" / "vllm"
-    source.fetch(pin, tree, "git", **quiet)
-    return root, tree, pin
+    return series_project(tmp_path)
 
 
 def load(root: Path) -> series.Series:

@@ -8,6 +8,7 @@ replaced. PyPI file locations come from the simple index's JSON form
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -17,7 +18,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -40,9 +41,20 @@ _progress_on = True
 
 
 def set_progress(enabled: bool) -> None:
-    """Turn download progress bars off for this process (the CLI does under --json)."""
+    """Turn download progress bars on or off for this process."""
     global _progress_on
     _progress_on = enabled
+
+
+@contextlib.contextmanager
+def no_progress() -> Iterator[None]:
+    """No progress bars inside the block (the CLI under --json)."""
+    before = _progress_on
+    set_progress(False)
+    try:
+        yield
+    finally:
+        set_progress(before)
 
 
 def progress_enabled(quiet: bool = False) -> bool:

@@ -5,6 +5,7 @@ exits with its own code (see smla.errors).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import shutil
@@ -28,10 +29,9 @@ def _handle_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         as_json = bool(kwargs.get("as_json"))
-        if as_json:
-            cache.set_progress(False)
         try:
-            return fn(*args, **kwargs)
+            with cache.no_progress() if as_json else contextlib.nullcontext():
+                return fn(*args, **kwargs)
         except SmlaError as exc:
             if as_json:
                 click.echo(report.to_json(exc.to_dict()), nl=False)
@@ -148,6 +148,7 @@ def _series(c: Ctx, *, allow_empty: bool = False) -> series.Series:
 @global_options()
 @pass_ctx
 @_handle_errors
+@_locked
 def fetch(c: Ctx, source_, force, discard):
     """Make a git work tree of vLLM at the pinned commit (tag smla-base)."""
     if discard and not force:
@@ -168,6 +169,7 @@ def fetch(c: Ctx, source_, force, discard):
 @global_options()
 @pass_ctx
 @_handle_errors
+@_locked
 def apply_cmd(c: Ctx, force, fuzz, as_json):
     """Apply patches/series to the work tree: all or nothing, one commit per patch.
 
@@ -191,12 +193,12 @@ def apply_cmd(c: Ctx, force, fuzz, as_json):
 @global_options()
 @pass_ctx
 @_handle_errors
+@_locked
 def patch(c: Ctx, source_):
     """fetch + apply: the pinned vLLM with the series applied (what `make patch` runs)."""
     s = _series(c)
-    with lock.hold(c.tree):
-        source.fetch(c.project.pin(), c.tree, source_, echo=click.echo)
-        apply_mod.apply_series(s, c.tree, echo=click.echo)
+    source.fetch(c.project.pin(), c.tree, source_, echo=click.echo)
+    apply_mod.apply_series(s, c.tree, echo=click.echo)
     click.echo(f"patched tree: {c.tree}")
 
 
@@ -232,6 +234,7 @@ def status(c: Ctx, as_json, check):
 @global_options()
 @pass_ctx
 @_handle_errors
+@_locked
 def export(c: Ctx, allow_dirty, prune, force, as_json):
     """Regenerate patches/*.patch and patches/series from the commits above the base."""
     result = export_mod.export(c.tree, c.project.patches_dir, allow_dirty=allow_dirty, prune=prune, force=force)
@@ -244,22 +247,22 @@ def export(c: Ctx, allow_dirty, prune, force, as_json):
 @global_options()
 @pass_ctx
 @_handle_errors
+@_locked
 def clean(c: Ctx, discard):
     """Remove the work tree (what `make clean` runs); refused while it holds work not in patches/."""
     tree = c.tree
-    with lock.hold(tree):
-        if not tree.exists():
-            click.echo(f"no work tree at {tree}; nothing to remove")
-            return
-        if not discard:
-            if source.read_tree_info(tree) is None and tree.is_dir() and any(tree.iterdir()):
-                raise UsageError(f"{tree} is not an smla work tree; refusing to remove it",
-                                 hint="remove it yourself if you mean it")
-            if source.rebase_in_progress(tree):
-                raise UsageError(f"a `smla rebase` is stopped in {tree}",
-                                 hint=f"{cmd('smla', 'rebase', '--abort')} first, or add --discard")
-            treestate.check_replaceable(tree, _series(c, allow_empty=True))
-        shutil.rmtree(tree)
+    if not tree.exists():
+        click.echo(f"no work tree at {tree}; nothing to remove")
+        return
+    if not discard:
+        if source.read_tree_info(tree) is None and tree.is_dir() and any(tree.iterdir()):
+            raise UsageError(f"{tree} is not an smla work tree; refusing to remove it",
+                             hint="remove it yourself if you mean it")
+        if source.rebase_in_progress(tree):
+            raise UsageError(f"a `smla rebase` is stopped in {tree}",
+                             hint=f"{cmd('smla', 'rebase', '--abort')} first, or add --discard")
+        treestate.check_replaceable(tree, _series(c, allow_empty=True))
+    shutil.rmtree(tree)
     click.echo(f"removed {tree}")
 
 

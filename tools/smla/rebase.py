@@ -43,7 +43,7 @@ from smla import cache, proc, report, source
 from smla import export as export_mod
 from smla import pin as pin_mod
 from smla import series as series_mod
-from smla.errors import CommandError, FetchError, RebaseConflict, TreeStateError, UsageError
+from smla.errors import FetchError, RebaseConflict, TestsFailed, TreeStateError, UsageError
 from smla.fsutil import atomic_write_bytes, atomic_write_text
 from smla.project import Project
 from smla.series import SERIES_FILE
@@ -155,7 +155,7 @@ class RebaseResult:
         return out
 
     def raise_for_status(self) -> None:
-        """RebaseConflict when stopped on a conflict; CommandError when --test failed."""
+        """RebaseConflict when stopped on a conflict; TestsFailed when --test failed."""
         if self.status == "conflict":
             stopped = next(p for p in self.patches if p.outcome == CONFLICT)
             raise RebaseConflict(
@@ -163,7 +163,7 @@ class RebaseResult:
                 hint=_resolve_hint(Path(self.tree)),
             )
         if self.tests is not None and not self.tests["passed"]:
-            raise CommandError(
+            raise TestsFailed(
                 f"the rebase succeeded, but the CPU suite failed against {self.tree} "
                 f"(exit {self.tests['returncode']})",
                 hint="see the test output above / in the report; fix the series in the tree and `smla export`",
@@ -457,7 +457,7 @@ def run_cpu_suite(root: Path, tree: Path, echo=print) -> dict:
     """`pytest -m "not gpu"` of the toolkit against `tree`."""
     echo(f"running the CPU suite against {tree} ...")
     res = proc.run([sys.executable, "-m", "pytest", "-m", "not gpu", "-q", "-p", "no:cacheprovider"],
-                   cwd=root, env={"SMLA_VLLM_TREE": str(tree)}, check=False, timeout=3600)
+                   cwd=root, env={"SMLA_TREE": str(tree)}, check=False, timeout=3600)
     tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
     echo(tail)
     return {"command": 'python -m pytest -m "not gpu"', "returncode": res.returncode,
