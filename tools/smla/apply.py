@@ -150,18 +150,28 @@ def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -
             treestate.record(tree, series, {o.name: o.commit for o in outcomes})
         return ApplyResult(tree, info.base, head, outcomes)
 
-    if rebuild:
-        echo(f"patches/ changed since the tree was built: {', '.join(changed) or 'order or content'}; "
-             f"rebuilding the patch commits from {BASE_TAG}")
-        start = info.base
-        for o in outcomes:
+    # Keep the longest run of commits from the base that carries the series in order; rebuild the rest.
+    start, kept, j = info.base, 0, 0
+    by_commit = {c: n for n, c in st.carried.items()}
+    for cid, _ in st.commits:
+        while j < len(names) and names[j] in st.upstream:
+            j += 1
+        if j >= len(names) or by_commit.get(cid) != names[j]:
+            break
+        start, kept, j = cid, kept + 1, j + 1
+    rebuild = kept < len(st.commits)
+    if changed:
+        echo(f"patches/ changed since the tree was built: {', '.join(changed)}"
+             + (f"; rebuilding the patch commits from {names[j] if j < len(names) else 'the end'} on"
+                if rebuild else ""))
+    elif rebuild:
+        echo(f"the tree's commits are out of order with patches/series; rebuilding from "
+             f"{names[j] if j < len(names) else 'the end'} on")
+    todo = []
+    for i, (p, o) in enumerate(zip(series.patches, outcomes)):
+        if i >= j:
             o.state, o.commit = PENDING, None
-        todo = list(zip(series.patches, outcomes))
-    else:
-        if changed:
-            echo(f"patches/ changed since the tree was built: {', '.join(changed)}")
-        start = head
-        todo = [(p, o) for p, o in zip(series.patches, outcomes) if o.name in missing]
+            todo.append((p, o))
     with proc.scratch_worktree(tree, start, prefix=".smla-apply-") as scratch:
         for patch, outcome in todo:
             _apply_one(patch, outcome, scratch, fuzz, tree)

@@ -17,6 +17,7 @@ the tree's git config records which upstream commit and release it holds.
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import re
 import shutil
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from smla import cache, lock, proc
 from smla.errors import ChecksumError, CommandError, FetchError, TreeStateError, cmd
-from smla.fsutil import sha256_file
+from smla.fsutil import sha256_file, umask
 from smla.pin import Pin
 
 log = logging.getLogger("smla.source")
@@ -127,6 +128,7 @@ def _fetch_locked(pin: Pin, tree: Path, source: str, *, force: bool, echo, guard
             old.rmdir()
             tree.rename(old)
         tmp.rename(tree)
+        os.chmod(tree, 0o777 & ~umask())  # mkdtemp made it 0700
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -23,8 +23,8 @@ was built from, so a difference can be put on the right side:
   stale     a recorded commit carries no current patch  -> patches/ is newer
   edited    a commit carries no patch and is not recorded -> tree work
   dropped   a patch unchanged since the record lost its commit -> tree edit
-  pending   no commit and no record to explain why (tree made by an older
-            smla, or its base moved, e.g. after a rebase)
+  pending   not applied yet (fresh tree), or no record to explain why (a
+            tree made by an older smla, or its base moved, e.g. by a rebase)
 Kinds (State.kind): in-sync, patches-newer (apply rebuilds), tree-edited
 (export saves), diverged (both: refused, with both ways out).
 
@@ -297,7 +297,7 @@ def compare(tree: Path, series: Series) -> State:
     for p in unexplained:
         if p.name in in_base:
             st.upstream.append(p.name)
-        elif rec is not None:
+        elif rec_entries:  # the tree was built from an earlier patches/
             st.changed[p.name] = "changed" if p.name in rec_names else "new"
         else:
             st.pending.append(p.name)
