@@ -124,6 +124,7 @@ def test_both_changed_is_refused_naming_patches_and_both_ways_out(applied, tmp_p
         export_mod.export(tree, root / "patches")
     s = status_mod.status(pin, tree, load(root))
     assert s["state"] == "diverged"
+    assert "branch" in s["hint"] and "cherry-pick" in s["hint"] and "--force" not in s["hint"]
     # the status hint's first way keeps both: save the commit, take patches/, redo the commit, export
     proc.git(tree, "branch", "-f", "smla-saved", "HEAD")
     proc.git(tree, "reset", "--keep", "smla-base")

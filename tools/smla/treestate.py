@@ -213,7 +213,7 @@ class State:
         if kind == IN_SYNC:
             return None
         if kind == DIVERGED:
-            return both_ways_out(self)
+            return both_ways_out(self, lossless_only=True)
         out = []
         if kind == PATCHES_NEWER:
             if self.uncommitted:
@@ -232,15 +232,21 @@ class State:
         return "; ".join(out) or None
 
 
-def both_ways_out(st: State) -> str:
-    """Hint for a tree and a patches/ that both changed."""
+def both_ways_out(st: State, *, lossless_only: bool = False) -> str:
+    """Hint for a tree and a patches/ that both changed: keep both (save the tree's commits on a
+    branch, take patches/, cherry-pick them back, export) or, unless `lossless_only`, overwrite
+    the changed patches with the tree's commits."""
     t = str(st.tree)
     ids = [c for c, _ in st.edited]
-    return (
-        "either take patches/ and redo your commits on top: "
+    keep_both = (
         f"{cmd('git', '-C', t, 'branch', '-f', 'smla-saved', 'HEAD')} (keeps them), "
         f"{cmd('git', '-C', t, 'reset', '--keep', BASE_TAG)}, {cmd('smla', 'apply')}, "
-        f"{cmd('git', '-C', t, 'cherry-pick', *ids)}, {cmd('smla', 'export')}; "
+        f"{cmd('git', '-C', t, 'cherry-pick', *ids)}, {cmd('smla', 'export')}"
+    )
+    if lossless_only:
+        return f"take patches/ and redo your commits on top: {keep_both}"
+    return (
+        f"either take patches/ and redo your commits on top: {keep_both}; "
         f"or keep the tree's commits and overwrite {st.changed_text()} in patches/: "
         f"{cmd('smla', 'export', '--force')}"
     )
