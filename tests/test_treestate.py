@@ -65,6 +65,22 @@ def test_pulled_series_change_is_rebuilt_by_apply(applied, tmp_path):
     assert "nothing to do" in again[0]
 
 
+def test_make_patch_rebuilds_after_a_pull(applied, tmp_path):
+    root, tree, pin = applied
+    teammate_changes_kernel(tmp_path, root, pin)
+    res = cli(root, tree, "patch", "--source", "git")  # what `make patch` runs
+    assert res.exit_code == 0, res.output
+    assert f"{KERNEL} (changed)" in res.output
+    assert "return 2  # the fix" in (tree / "vllm/ops/kernel.py").read_text()
+
+
+def test_fresh_tree_status_says_apply(tmp_path):
+    root, tree, pin = series_project(tmp_path)
+    s = status_mod.status(pin, tree, load(root))
+    assert s["state"] == "patches-newer" and {p["state"] for p in s["patches"]} == {"pending"}
+    assert s["hint"].startswith("`smla apply` applies 0001-")
+
+
 def test_status_tells_patches_newer_and_its_hint_loses_nothing(applied, tmp_path):
     root, tree, pin = applied
     teammate_changes_kernel(tmp_path, root, pin)

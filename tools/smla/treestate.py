@@ -218,7 +218,8 @@ class State:
         if kind == PATCHES_NEWER:
             if self.uncommitted:
                 out.append(f"commit or stash the uncommitted changes in {t}, then")
-            out.append(f"{cmd('smla', 'apply')} rebuilds the patch commits from patches/")
+            out.append(f"{cmd('smla', 'apply')} rebuilds the patch commits from patches/" if self.patches_newer
+                       else f"{cmd('smla', 'apply')} applies {', '.join(self.pending)}")
             return " ".join(out)
         if self.uncommitted:
             out.append(f"commit the uncommitted changes ({cmd('git', '-C', t, 'commit', '-a')}), then "
