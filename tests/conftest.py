@@ -15,7 +15,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def default_tree() -> Path:
-    return Path(os.environ.get("SMLA_TREE", REPO_ROOT / "work" / "vllm"))
+    return Path(os.environ.get("SMLA_TREE") or REPO_ROOT / "work" / "vllm")
 
 
 def pytest_configure(config):
