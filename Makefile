@@ -23,7 +23,7 @@ help:
 	@echo "make test-wheel   opt-in check of build-wheel on the real official wheel (500 MB)"
 	@echo "make bench        sparse-MLA kernel benchmark vs seed/torch/floors (GPU; BENCH_ARGS=--quick, BENCH_PY=python3)"
 	@echo "make explain MODEL=glm-5 CAP=12.0 [DTYPE=float16] [TREE=pristine|PATH]  why vLLM picks that attention backend"
-	@echo "make clean        remove the work tree, dist/ and the virtualenv"
+	@echo "make clean        remove the work tree (refused while it holds unexported work; ARGS=--discard), dist/ and the virtualenv"
 
 $(STAMP): $(REQS) pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -78,5 +78,8 @@ TREE  ?= patched
 explain: patch
 	$(SMLA) explain --model $(MODEL) --capability $(CAP) --dtype $(DTYPE) --tree $(TREE) $(EXPLAIN_ARGS)
 
+# The work tree goes through `smla clean`, which refuses while the tree holds work not in
+# patches/ (make clean ARGS=--discard throws it away); only then dist/ and the venv.
 clean:
+	@if [ -e work/vllm ]; then $(MAKE) --no-print-directory venv && $(SMLA) clean $(ARGS); fi
 	rm -rf work dist $(VENV)

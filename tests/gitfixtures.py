@@ -214,3 +214,29 @@ def make_rebase_world(tmp_path: Path) -> dict:
     return {"up": up, "root": root, "tree": tree, "c0": c0, "c1": c1, "c2": c2}
 
 
+
+
+SERIES_SUBJECTS = ("Add the kernel module", "Register the backend", "Prefer the backend on CUDA")
+
+
+def series_project(tmp: Path, *, kernel_subject: str = SERIES_SUBJECTS[0]) -> tuple[Path, Path, Pin]:
+    """A project whose patches/ holds a 3-patch series exported from a real tree
+    (tmp/authoring), and a fresh work tree at the base (tmp/work/vllm, not applied)."""
+    from smla import export, source
+
+    quiet = dict(echo=lambda *_: None)
+    upstream, commit = make_upstream(tmp)
+    root = make_project(tmp, str(upstream), commit)
+    authoring = tmp / "authoring"
+    pin = pin_for(upstream, commit)
+    source.fetch(pin, authoring, "git", **quiet)
+    cuda = (authoring / "vllm/platforms/cuda.py").read_text()
+    commit_change(authoring, {"vllm/ops/kernel.py": "def k():\n    return 1\n"}, kernel_subject,
+                  "Why: the backend needs a kernel.")
+    commit_change(authoring, {"vllm/registry.py": "A = 1\nB = 2\nSPARSE = 9\nC = 3\n"}, SERIES_SUBJECTS[1])
+    commit_change(authoring, {"vllm/platforms/cuda.py": cuda.replace("line 20\n", "line 20\nSPARSE\n")},
+                  SERIES_SUBJECTS[2])
+    export.export(authoring, root / "patches")
+    tree = tmp / "work" / "vllm"
+    source.fetch(pin, tree, "git", **quiet)
+    return root, tree, pin

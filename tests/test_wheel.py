@@ -327,7 +327,7 @@ def test_tree_must_match_series(tmp_path):
     commit_edits(tree, {"vllm/sub/b.py": "B = 'local edit'\n"}, "A local edit not exported")
     base = make_base_wheel(tmp_path / "base")
     s = series.load(patches)
-    with pytest.raises(WheelError, match="not the series") as exc:
+    with pytest.raises(WheelError, match="cannot build a wheel labelled with the series.*not in patches/") as exc:
         wh.build_overlay(PIN, s, tree, tmp_path / "dist", base_wheel=base, quiet=True)
     assert "smla export" in exc.value.hint
     r = wh.build_overlay(PIN, s, tree, tmp_path / "dist", base_wheel=base, quiet=True, allow_unexported=True)

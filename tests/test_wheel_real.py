@@ -45,7 +45,7 @@ def _b64sha(path: Path) -> str:
 
 def test_real_wheel(tmp_path):
     project = Project.discover(Path(os.environ.get("SMLA_ROOT", REPO_ROOT)))
-    tree = Path(os.environ.get("SMLA_VLLM_TREE", project.default_tree))
+    tree = Path(os.environ.get("SMLA_TREE", project.default_tree))
     if not (project.patches_dir / "series").is_file():
         pytest.skip("no patches/series yet")
     smla = [sys.executable, "-m", "smla.cli", "--root", str(project.root), "--tree", str(tree)]

@@ -10,7 +10,7 @@ mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .bundle/whl/*.whl
 cp -r .bundle/site-extra/* /tmp/site/
 export PYTHONPATH=/tmp/site:$PWD
-export SMLA_VLLM_TREE=$PWD/work/vllm
+export SMLA_TREE=$PWD/work/vllm
 export SMLA_GPU_RESULTS=$out/gpu-results.jsonl
 unset TRITON_INTERPRET
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu-env.txt"

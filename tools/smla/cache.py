@@ -17,8 +17,9 @@ sent as HTTP basic auth to that host only and are never logged or shown:
 """
 from __future__ import annotations
 
-import hashlib
 import base64
+import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -46,6 +47,29 @@ from smla.fsutil import sha256_file
 log = logging.getLogger("smla.cache")
 
 DEFAULT_INDEX = "https://pypi.org/simple"
+_progress_on = True
+
+
+def set_progress(enabled: bool) -> None:
+    """Turn download progress bars on or off for this process."""
+    global _progress_on
+    _progress_on = enabled
+
+
+@contextlib.contextmanager
+def no_progress() -> Iterator[None]:
+    """No progress bars inside the block (the CLI under --json)."""
+    before = _progress_on
+    set_progress(False)
+    try:
+        yield
+    finally:
+        set_progress(before)
+
+
+def progress_enabled(quiet: bool = False) -> bool:
+    """Progress bars go to stderr, and only when it is a terminal and nobody asked for quiet."""
+    return _progress_on and not quiet and sys.stderr.isatty()
 
 
 def progress_console() -> Console:
@@ -246,7 +270,7 @@ def _stream(url: str, out, digest, label: str, quiet: bool) -> None:
                 TimeRemainingColumn(),
                 transient=True,
                 console=progress_console(),
-                disable=quiet or not sys.stderr.isatty(),
+                disable=not progress_enabled(quiet),
             ) as progress:
                 task = progress.add_task(label, total=total)
                 while chunk := resp.read(1 << 20):

@@ -505,7 +505,7 @@ def format_reasons(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--tree", default=os.environ.get("SMLA_VLLM_TREE",
+    ap.add_argument("--tree", default=os.environ.get("SMLA_TREE",
                     str(Path(__file__).resolve().parents[1] / "work" / "vllm")))
     ap.add_argument("--preset", action="append", choices=sorted(PRESETS))
     ap.add_argument("--capability", action="append")

@@ -52,8 +52,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from wheel.wheelfile import WHEEL_INFO_RE, WheelFile
 from wheel.wheelfile import WheelError as _LibWheelError
 
-from smla import cache, gitops, proc
-from smla.apply import commits_above_base, require_tree
+from smla import cache, proc, treestate
+from smla.apply import require_tree
 from smla.errors import CommandError, ExportError, TreeStateError, WheelError
 from smla.fsutil import sha256_file
 from smla.pin import Pin
@@ -446,22 +446,8 @@ def build_source_paths(paths) -> list[str]:
 
 
 def check_series_matches_tree(series: Series, tree: Path) -> None:
-    """The tree's commits above the base must be exactly the series (so the label tells the truth)."""
-    from smla.export import render
-
-    on_disk = {p.name: p.path.read_bytes() for p in series.patches}
-    try:
-        rendered = render(tree) if commits_above_base(tree) else {}
-    except ExportError as exc:
-        raise WheelError(f"cannot compare the tree with the series: {exc.message}") from exc
-    if rendered != on_disk:
-        differ = sorted(set(rendered) ^ set(on_disk)) or sorted(n for n in rendered if rendered[n] != on_disk[n])
-        raise WheelError(
-            f"the commits above {BASE_TAG} in {tree} are not the series in {series.directory} "
-            f"(differ: {', '.join(differ[:5])})",
-            hint="run `smla export` (edits in the tree) or `smla apply`/`make patch` (new patches); "
-                 "`smla status` shows which",
-        )
+    """The tree must equal the series (treestate: by content), so the label tells the truth."""
+    treestate.require_in_sync(tree, series, "build a wheel labelled with the series", error=WheelError)
 
 
 def _check_clean(tree: Path, paths: list[str]) -> None:
@@ -611,7 +597,7 @@ def build_overlay(
             total = sum(base_names[n].file_size if d is None else len(d) for n, (d, _) in members.items())
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
                           TimeRemainingColumn(), transient=True, console=cache.progress_console(),
-                          disable=quiet or not sys.stderr.isatty()) as progress:
+                          disable=not cache.progress_enabled(quiet)) as progress:
                 task = progress.add_task(f"writing {out_name}", total=total)
                 with _FixedWheelFile(tmp_out, date) as out:
                     for name, data in _prefetch(wf, members):
@@ -771,7 +757,7 @@ def build_from_source(
     # A detached worktree: the build writes _version.py, gRPC stubs and copied .so files into
     # its source directory; none of that may land in the user's tree.
     with tempfile.TemporaryDirectory(prefix=".build-wheel.", dir=dist_dir) as scratch, \
-            gitops.scratch_worktree(tree, "HEAD", prefix=".smla-build-wheel-") as checkout:
+            proc.scratch_worktree(tree, "HEAD", prefix=".smla-build-wheel-") as checkout:
         wheel_dir = Path(scratch) / "out"
         argv, env = from_source_invocation(checkout, wheel_dir, version, base,
                                            full_cuda=full_cuda, python=python, source_date_epoch=stamp)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from smla import apply as apply_mod
 from smla import export as export_mod
-from smla import gitops, proc, source
+from smla import proc, source, treestate
 from smla import pin as pin_mod
 from smla import series as series_mod
 from smla.errors import RebaseConflict, TreeStateError
@@ -286,7 +286,7 @@ def run_cpu_suite(root: Path, tree: Path, echo=print) -> dict:
     """`pytest -m "not gpu"` of the toolkit against `tree` (the new pin is already written)."""
     echo(f"running the CPU suite against {tree} ...")
     res = proc.run([sys.executable, "-m", "pytest", "-m", "not gpu", "-q", "-p", "no:cacheprovider"],
-                   cwd=root, env={"SMLA_VLLM_TREE": str(tree), "SMLA_TREE": str(tree), "SMLA_ROOT": str(root)},
+                   cwd=root, env={"SMLA_TREE": str(tree), "SMLA_ROOT": str(root)},
                    check=False, timeout=3600)
     tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
     echo(tail)
@@ -310,7 +310,7 @@ def _result(state: dict, outs: list[Outcome], status: str, stopped_at: str | Non
 def _prepare_tree(project: Project, pin: pin_mod.Pin, series, tree: Path, source_spec: str, echo):
     info = source.read_tree_info(tree)
     if info is None:
-        fetch_source = (source_spec if source_spec in ("auto", "git", "sdist") or gitops.is_local_repo(source_spec)
+        fetch_source = (source_spec if source_spec in ("auto", "git", "sdist") or source.is_local_repo(source_spec)
                         else "auto")
         echo(f"no work tree at {tree}: fetching the pinned vLLM {pin.version} first")
         info = source.fetch(pin, tree, fetch_source, echo=echo)
@@ -326,27 +326,8 @@ def _prepare_tree(project: Project, pin: pin_mod.Pin, series, tree: Path, source
             f"work tree {tree} has uncommitted changes ({', '.join(dirty[:5])}); refusing to rebase",
             hint="commit them and `smla export` (or discard them), then rebase",
         )
-    result = apply_mod.apply_series(series, tree, echo=lambda *_: None)
-    _check_exported(tree, series, result)
+    apply_mod.apply_series(series, tree, echo=lambda *_: None)  # a changed patches/ is applied first
+    # The commits above the base must carry exactly patches/ (by content): no unexported work can be lost.
+    treestate.require_in_sync(tree, series, "rebase")
     return source.read_tree_info(tree)
 
-
-def _check_exported(tree: Path, series, result) -> None:
-    """The tree's commits must carry exactly the patches of patches/ (same patch-id).
-
-    TODO(lead): replace with A's single "tree equals series" check once merged.
-    """
-    commits = apply_mod.commits_above_base(tree)
-    wanted = [p for p, o in zip(series.patches, result.outcomes) if o.state != apply_mod.UPSTREAM]
-    ids_tree = [_patch_id(tree, proc.git(tree, "show", "--format=", "-p", c).stdout) for c, _ in commits]
-    ids_files = [_patch_id(tree, p.path.read_text()) for p in wanted]
-    if ids_tree != ids_files:
-        raise TreeStateError(
-            f"the commits in {tree} differ from patches/ (edited but not exported?); refusing to rebase",
-            hint="run `smla export` to save your edits (or `smla fetch --force && smla apply` to drop them)",
-        )
-
-
-def _patch_id(tree: Path, text: str) -> str:
-    out = proc.git(tree, "patch-id", "--stable", input=text).stdout.split()
-    return out[0] if out else ""

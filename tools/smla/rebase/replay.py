@@ -13,7 +13,7 @@ from pathlib import Path
 import unidiff
 
 from smla import apply as apply_mod
-from smla import gitops, proc
+from smla import proc
 from smla import series as series_mod
 from smla.rebase import state as state_mod
 from smla.rebase.report import CONFLICT, MERGED, OFFSETS, UNCHANGED, UPSTREAM, Outcome
@@ -61,7 +61,7 @@ def replay_one(tree: Path, patch: series_mod.Patch, out: Outcome) -> None:
         return
     # --reject makes git report every failing hunk, not only the first.
     rejected = proc.git(tree, "apply", "--check", "--reject", "-v", "--", path, check=False)
-    out.hunks = gitops.apply_errors(patch, rejected.stderr)
+    out.hunks = [f.description for f in apply_mod.failed_hunks(patch, rejected.stderr)]
     merged = proc.git(tree, "am", "--3way", "--keep-cr", "--committer-date-is-author-date", "--", path,
                       check=False)
     if merged.returncode == 0:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from smla import report
-from smla.errors import CommandError, RebaseConflict
+from smla.errors import RebaseConflict, TestsFailed
 
 UNCHANGED = "unchanged"
 OFFSETS = "offsets"
@@ -104,7 +104,7 @@ class RebaseResult:
         return out
 
     def raise_for_status(self) -> None:
-        """RebaseConflict when stopped on a conflict; CommandError when --test failed."""
+        """RebaseConflict when stopped on a conflict; TestsFailed when --test failed."""
         if self.status == "conflict":
             stopped = next(p for p in self.patches if p.outcome == CONFLICT)
             raise RebaseConflict(
@@ -112,7 +112,7 @@ class RebaseResult:
                 hint=resolve_hint(Path(self.tree)),
             )
         if self.tests is not None and not self.tests["passed"]:
-            raise CommandError(
+            raise TestsFailed(
                 f"the rebase succeeded, but the CPU suite failed against {self.tree} "
                 f"(exit {self.tests['returncode']})",
                 hint="see the test output above / in the report; fix the series in the tree and `smla export`",

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from smla import cache, gitops, proc, source
+from smla import cache, proc, source
 from smla import pin as pin_mod
 from smla.errors import FetchError, UsageError
 
@@ -79,7 +79,7 @@ def bring_in(tree: Path, old_base: str, target: Target, echo) -> str:
     """Put the new base into the tree's repository (adds objects only); its commit id there."""
     if target.kind == "version":
         return _snapshot_base(tree, old_base, target, echo)
-    gitops.fetch_commit(tree, target.fetch_from, target.commit)
+    source.fetch_commit(tree, target.fetch_from, target.commit)
     return target.commit
 
 
@@ -88,7 +88,7 @@ def _resolve_commit(spec: str, pin: pin_mod.Pin, source_spec: str) -> Target:
         raise UsageError("a commit target is fetched from git: use --source git|auto or a mirror PATH")
     url = pin.repo if source_spec in ("auto", "git") else source_spec
     commit = spec
-    if gitops.is_local_repo(url):
+    if source.is_local_repo(url):
         url = str(Path(url).expanduser().resolve())
         found = proc.git(url, "rev-parse", "-q", "--verify", "--end-of-options", f"{spec}^{{commit}}", check=False)
         if found.returncode != 0:
@@ -145,7 +145,7 @@ def _full_commit(short: str, version: str, pin: pin_mod.Pin, source_spec: str) -
     """(full id or None, how it was found / why not)."""
     if _HEX40.match(short):
         return short, "the sdist records the full id"
-    if gitops.is_local_repo(source_spec):
+    if source.is_local_repo(source_spec):
         found = proc.git(Path(source_spec).expanduser(), "rev-parse", "-q", "--verify", "--end-of-options",
                          f"{short}^{{commit}}", check=False)
         if found.returncode == 0:
@@ -170,7 +170,7 @@ def _snapshot_base(tree: Path, old_base: str, target: Target, echo) -> str:
     """Commit the sdist as a child of the old base (in a scratch worktree); return its id."""
     echo(f"committing {target.sdist} as the new base (child of {old_base[:12]})")
     upstream = target.commit if target.commit_kind == pin_mod.FULL else f"{target.commit} (abbreviated)"
-    with gitops.scratch_worktree(tree, old_base, checkout=False, prefix=".smla-rebase-base-") as scratch:
+    with proc.scratch_worktree(tree, old_base, checkout=False, prefix=".smla-rebase-base-") as scratch:
         source.unpack_sdist(Path(target.archive), scratch)
         return source.commit_snapshot(
             scratch,
