@@ -18,11 +18,12 @@ help:
 	@echo "make status       where the work tree stands"
 	@echo "make export       regenerate patches/ from the work tree's commits"
 	@echo "make rebase ONTO=<commit|version>  carry the series onto a newer vLLM (ARGS=--continue / ARGS=--abort)"
+	@echo "                  (make exits 2 on a conflict; scripts needing exit code 11 call .venv/bin/smla rebase)"
 	@echo "make build-wheel  patched vLLM wheel in dist/ (WHEEL_ARGS=\"--from-source\" etc., see docs/build-wheel.md)"
 	@echo "make test-wheel   opt-in check of build-wheel on the real official wheel (500 MB)"
 	@echo "make bench        sparse-MLA kernel benchmark vs seed/torch/floors (GPU; BENCH_ARGS=--quick, BENCH_PY=python3)"
 	@echo "make explain MODEL=glm-5 CAP=12.0 [DTYPE=float16] [TREE=pristine|PATH]  why vLLM picks that attention backend"
-	@echo "make clean        remove the work tree, dist/ and the virtualenv"
+	@echo "make clean        remove the work tree (refused while it holds unexported work; ARGS=--discard), dist/ and the virtualenv"
 
 $(STAMP): $(REQS) pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -42,6 +43,8 @@ status: $(STAMP)
 export: $(STAMP)
 	$(SMLA) export $(ARGS)
 
+# make turns any failing exit code into 2: a conflict (smla's 11) is visible only in the output here.
+# CI that must tell a conflict from an error calls $(SMLA) directly (.github/scripts/rebase-nightly.sh).
 rebase: $(STAMP)
 	$(SMLA) rebase $(if $(ONTO),--onto $(ONTO)) $(ARGS)
 
@@ -75,7 +78,10 @@ TREE  ?= patched
 explain: patch
 	$(SMLA) explain --model $(MODEL) --capability $(CAP) --dtype $(DTYPE) --tree $(TREE) $(EXPLAIN_ARGS)
 
+# The work tree goes through `smla clean`, which refuses while the tree holds work not in
+# patches/ (make clean ARGS=--discard throws it away); only then dist/ and the venv.
 clean:
+	@if [ -e work/vllm ]; then $(MAKE) --no-print-directory venv && $(SMLA) clean $(ARGS); fi
 	rm -rf work dist $(VENV)
 
 # ---- End to end through vllm.LLM on a GPU (tests/e2e/README.md) ----

@@ -54,7 +54,7 @@ SEED_SPLITS = 4
 
 
 def tree_path() -> Path:
-    return Path(os.environ.get("SMLA_VLLM_TREE", REPO / "work" / "vllm"))
+    return Path(os.environ.get("SMLA_TREE", REPO / "work" / "vllm"))
 
 
 # --------------------------------------------------------------------------- loading

@@ -1,7 +1,7 @@
 """Shared pytest fixtures and markers.
 
 `vllm_tree` is the patched vLLM work tree that `make patch` produces
-(override with SMLA_VLLM_TREE). GPU tests carry the `gpu` marker and skip
+(override with SMLA_TREE). GPU tests carry the `gpu` marker and skip
 cleanly when CUDA is not available.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def default_tree() -> Path:
-    return Path(os.environ.get("SMLA_VLLM_TREE", REPO_ROOT / "work" / "vllm"))
+    return Path(os.environ.get("SMLA_TREE") or REPO_ROOT / "work" / "vllm")
 
 
 def pytest_configure(config):

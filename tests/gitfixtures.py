@@ -75,3 +75,168 @@ def commit_change(tree: Path, files: dict[str, str], subject: str, body: str = "
     proc.git(tree, "add", "-A")
     proc.git(tree, "commit", "-q", "-m", f"{subject}\n\n{body}")
     return proc.git_out(tree, "rev-parse", "HEAD")
+
+
+# --- a local package index (PEP 691 JSON) over HTTP on 127.0.0.1 ---------------------------
+
+import http.server  # noqa: E402
+import json  # noqa: E402
+import threading  # noqa: E402
+
+
+class IndexServer:
+    """A tiny HTTP server: `routes[path] = (body, extra)`; extra may be {"redirect": url} or
+    {"auth": "Basic ..."} (required Authorization). Records every request's path and headers."""
+
+    def __init__(self):
+        self.routes: dict = {}
+        self.requests: list[tuple[str, dict]] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                outer.requests.append((self.path, dict(self.headers)))
+                body, extra = outer.routes.get(self.path, (None, None))
+                extra = extra or {}
+                if "redirect" in extra:
+                    self.send_response(302)
+                    self.send_header("Location", extra["redirect"])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if "auth" in extra and self.headers.get("Authorization") != extra["auth"]:
+                    self.send_error(401)
+                    return
+                if body is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def publish(self, project: str, files: list[tuple[str, bytes]], *, url_for=None, extra=None) -> None:
+        """List `files` (name, bytes) under /simple/<project>/ and serve them at /files/<name>."""
+        entries = []
+        for name, data in files:
+            sha = hashlib.sha256(data).hexdigest()
+            url = url_for(name) if url_for else f"/files/{name}"
+            entries.append({"filename": name, "url": url, "hashes": {"sha256": sha}})
+            self.routes[f"/files/{name}"] = (data, extra)
+        self.routes[f"/simple/{project}/"] = (json.dumps({"files": entries}).encode(), extra)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# --- the rebase world (tests/test_rebase.py, tests/test_nightly_workflow.py) -------------------
+
+from smla import export as _export_mod  # noqa: E402
+from smla import source  # noqa: E402
+from smla.pin import load as pin_load  # noqa: E402
+
+LINES = [f"line {i}" for i in range(1, 41)]
+
+
+def _write(repo: Path, name: str, lines: list[str]) -> None:
+    (repo / name).write_text("\n".join(lines) + "\n")
+
+
+def _commit(repo: Path, msg: str) -> str:
+    proc.git(repo, "add", "--all", "--", ".")
+    proc.git(repo, "commit", "-q", "-m", msg)
+    return proc.git_out(repo, "rev-parse", "HEAD")
+
+
+def _edit(lines: list[str], **changes: str) -> list[str]:
+    out = list(lines)
+    for key, value in changes.items():
+        out[int(key[1:]) - 1] = value
+    return out
+
+
+PIN_TEXT = """# test pin
+repo = {repo}
+commit = {commit}
+version = 0.0.1
+sdist = vllm-0.0.1.tar.gz
+sdist_sha256 = {sha}
+"""
+
+
+def make_rebase_world(tmp_path: Path) -> dict:
+    """For the rebase tests: an upstream repo (C0; C1: each patch in another outcome class; C2: C1 plus
+    a conflict with patch e), a toolkit root whose pin is C0 and whose series has one patch per file
+    a..e, exported from its patched tree root/work/vllm."""
+    up = tmp_path / "upstream"
+    up.mkdir()
+    proc.git(up, "init", "-q")
+    for name in "abcde":
+        _write(up, f"{name}.py", LINES)
+    c0 = _commit(up, "C0")
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "vllm-pin.txt").write_text(PIN_TEXT.format(repo=up, commit=c0, sha="0" * 64))
+    tree = root / "work" / "vllm"
+
+    source.fetch(pin_load(root / "vllm-pin.txt"), tree, str(up), echo=lambda *_: None)
+    # The series: one patch per file.
+    _write(tree, "a.py", _edit(LINES, l5="A patched"))
+    _commit(tree, "Patch a: unchanged")
+    _write(tree, "b.py", _edit(LINES, l20="B patched"))
+    _commit(tree, "Patch b: offsets")
+    _write(tree, "c.py", _edit(LINES, l20="C patched"))
+    _commit(tree, "Patch c: merged")
+    _write(tree, "d.py", _edit(LINES, l10="D patched"))
+    _commit(tree, "Patch d: upstream")
+    _write(tree, "e.py", _edit(LINES, l30="E patched"))
+    _commit(tree, "Patch e: conflicts")
+    _export_mod.export(tree, root / "patches")
+
+    # C1: b gets lines on top (offsets), c changes a context line (3-way),
+    # d takes the patch's change (upstream); a and e untouched.
+    _write(up, "b.py", ["new 1", "new 2", "new 3", *LINES])
+    _write(up, "c.py", _edit(LINES, l18="c upstream"))
+    _write(up, "d.py", _edit(LINES, l10="D patched"))
+    c1 = _commit(up, "C1")
+    _write(up, "e.py", _edit(LINES, l30="E upstream"))
+    c2 = _commit(up, "C2")
+    return {"up": up, "root": root, "tree": tree, "c0": c0, "c1": c1, "c2": c2}
+
+
+
+
+SERIES_SUBJECTS = ("Add the kernel module", "Register the backend", "Prefer the backend on CUDA")
+
+
+def series_project(tmp: Path, *, kernel_subject: str = SERIES_SUBJECTS[0]) -> tuple[Path, Path, Pin]:
+    """A project whose patches/ holds a 3-patch series exported from a real tree
+    (tmp/authoring), and a fresh work tree at the base (tmp/work/vllm, not applied)."""
+    from smla import export, source
+
+    quiet = dict(echo=lambda *_: None)
+    upstream, commit = make_upstream(tmp)
+    root = make_project(tmp, str(upstream), commit)
+    authoring = tmp / "authoring"
+    pin = pin_for(upstream, commit)
+    source.fetch(pin, authoring, "git", **quiet)
+    cuda = (authoring / "vllm/platforms/cuda.py").read_text()
+    commit_change(authoring, {"vllm/ops/kernel.py": "def k():\n    return 1\n"}, kernel_subject,
+                  "Why: the backend needs a kernel.")
+    commit_change(authoring, {"vllm/registry.py": "A = 1\nB = 2\nSPARSE = 9\nC = 3\n"}, SERIES_SUBJECTS[1])
+    commit_change(authoring, {"vllm/platforms/cuda.py": cuda.replace("line 20\n", "line 20\nSPARSE\n")},
+                  SERIES_SUBJECTS[2])
+    export.export(authoring, root / "patches")
+    tree = tmp / "work" / "vllm"
+    source.fetch(pin, tree, "git", **quiet)
+    return root, tree, pin

@@ -39,7 +39,7 @@ def load_indexer_module(tree: Path, interpret: bool = False):
     path = Path(tree) / MODULE_REL
     if not path.is_file():
         pytest.fail(f"{MODULE_REL} is missing in the vLLM tree {tree}: the indexer patch "
-                    "(Triton indexer kernels) is not applied there (SMLA_VLLM_TREE overrides the tree)")
+                    "(Triton indexer kernels) is not applied there (SMLA_TREE overrides the tree)")
     name = "smla_triton_dsa_indexer_" + ("interp" if interpret else "gpu")
     if name in sys.modules:
         return sys.modules[name]

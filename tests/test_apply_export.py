@@ -11,7 +11,7 @@ from smla import apply as apply_mod, export as export_mod, proc, series, source,
 from smla.cli import main
 from smla.errors import ApplyError, ExportError, SeriesError, TreeStateError
 
-from gitfixtures import commit_change, make_project, make_upstream, pin_for
+from gitfixtures import commit_change, make_project, pin_for, series_project
 
 quiet = dict(echo=lambda *_: None)
 
@@ -19,21 +19,7 @@ quiet = dict(echo=lambda *_: None)
 @pytest.fixture
 def setup(tmp_path):
     """A project with a 3-patch series exported from a real tree, and a fresh tree at the base."""
-    upstream, commit = make_upstream(tmp_path)
-    root = make_project(tmp_path, str(upstream), commit)
-    authoring = tmp_path / "authoring"
-    pin = pin_for(upstream, commit)
-    source.fetch(pin, authoring, "git", **quiet)
-    cuda = (authoring / "vllm/platforms/cuda.py").read_text()
-    commit_change(authoring, {"vllm/ops/kernel.py": "def k():\n    return 1\n"}, "Add the kernel module",
-                  "Why: the backend needs a kernel.")
-    commit_change(authoring, {"vllm/registry.py": "A = 1\nB = 2\nSPARSE = 9\nC = 3\n"}, "Register the backend")
-    commit_change(authoring, {"vllm/platforms/cuda.py": cuda.replace("line 20\n", "line 20\nSPARSE\n")},
-                  "Prefer the backend on CUDA")
-    export_mod.export(authoring, root / "patches")
-    tree = tmp_path / "work" / "vllm"
-    source.fetch(pin, tree, "git", **quiet)
-    return root, tree, pin
+    return series_project(tmp_path)
 
 
 def load(root: Path) -> series.Series:
@@ -169,12 +155,14 @@ def test_status_reports_patches_and_local_edits(setup):
     s = status_mod.status(pin, tree, load(root))
     assert [p["state"] for p in s["patches"]] == ["already-applied"] * 3
     assert s["matches_pin"] and s["uncommitted"] == [] and s["unexported"] == [] and s["local_commits"] == []
-    commit_change(tree, {"vllm/new.py": "x = 1\n"}, "A local fix")
+    assert s["state"] == "in-sync" and s["in_sync"] and s["hint"] is None
+    fix = commit_change(tree, {"vllm/new.py": "x = 1\n"}, "A local fix")
     (tree / "README.md").write_text("dirty\n")
     s = status_mod.status(pin, tree, load(root))
     assert s["local_commits"][0]["subject"] == "A local fix"
-    assert s["unexported"] == ["0004-A-local-fix.patch"]
+    assert s["unexported"] == [f"{fix[:12]} A local fix"]
     assert s["uncommitted"] == ["README.md"]
+    assert s["state"] == "tree-edited" and not s["in_sync"]
 
 
 # --- series validation -----------------------------------------------------
@@ -261,7 +249,7 @@ def test_fetch_force_refuses_to_lose_unexported_work(setup):
     args = ["--root", str(root), "--tree", str(tree), "fetch", "--force", "--source", "git"]
     refused = runner.invoke(main, args)
     assert refused.exit_code == TreeStateError.exit_code, refused.output
-    assert "0004-Unexported-fix.patch" in refused.output and "--discard" in refused.output
+    assert "Unexported fix" in refused.output and "--discard" in refused.output
     assert subjects(tree)[-1] == "Unexported fix"
     export_mod.export(tree, root / "patches")  # saved: now replacing is allowed
     ok = runner.invoke(main, args)

@@ -1,7 +1,7 @@
 """CPU tests (TRITON_INTERPRET=1) of the Triton DSA-indexer kernels (issue 12).
 
 The kernels live in the vLLM tree (vllm/v1/attention/ops/triton_dsa_indexer.py,
-added by the indexer patch) and are loaded by file path; SMLA_VLLM_TREE picks
+added by the indexer patch) and are loaded by file path; SMLA_TREE picks
 the tree. fp32 accumulation and fp16 tensor-core operands only: the
 interpreter has no bf16, so bf16 models are covered by the GPU test
 (tests/gpu/test_indexer_gpu.py), not here.

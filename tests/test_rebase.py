@@ -19,76 +19,15 @@ from click.testing import CliRunner
 from smla import cache, proc, source
 from smla import export as export_mod
 from smla.cli import main
+from smla.pin import load as load_pin
 
-LINES = [f"line {i}" for i in range(1, 41)]
-
-
-def _write(repo: Path, name: str, lines: list[str]) -> None:
-    (repo / name).write_text("\n".join(lines) + "\n")
-
-
-def _commit(repo: Path, msg: str) -> str:
-    proc.git(repo, "add", "--all", "--", ".")
-    proc.git(repo, "commit", "-q", "-m", msg)
-    return proc.git_out(repo, "rev-parse", "HEAD")
-
-
-def _edit(lines: list[str], **changes: str) -> list[str]:
-    out = list(lines)
-    for key, value in changes.items():
-        out[int(key[1:]) - 1] = value
-    return out
-
-
-PIN_TEXT = """# test pin
-repo = {repo}
-commit = {commit}
-version = 0.0.1
-sdist = vllm-0.0.1.tar.gz
-sdist_sha256 = {sha}
-"""
-
+from gitfixtures import LINES, IndexServer, _edit, _write, make_rebase_world
 
 @pytest.fixture()
 def world(tmp_path, monkeypatch):
     """Upstream mirror (C0, C1 clean, C2 conflicting), a toolkit root with pin + patches, a patched tree."""
     monkeypatch.setenv("SMLA_CACHE_DIR", str(tmp_path / "cache"))
-    up = tmp_path / "upstream"
-    up.mkdir()
-    proc.git(up, "init", "-q")
-    for name in "abcde":
-        _write(up, f"{name}.py", LINES)
-    c0 = _commit(up, "C0")
-
-    root = tmp_path / "root"
-    root.mkdir()
-    (root / "vllm-pin.txt").write_text(PIN_TEXT.format(repo=up, commit=c0, sha="0" * 64))
-    tree = root / "work" / "vllm"
-    from smla.pin import load
-
-    source.fetch(load(root / "vllm-pin.txt"), tree, str(up), echo=lambda *_: None)
-    # The series: one patch per file.
-    _write(tree, "a.py", _edit(LINES, l5="A patched"))
-    _commit(tree, "Patch a: unchanged")
-    _write(tree, "b.py", _edit(LINES, l20="B patched"))
-    _commit(tree, "Patch b: offsets")
-    _write(tree, "c.py", _edit(LINES, l20="C patched"))
-    _commit(tree, "Patch c: merged")
-    _write(tree, "d.py", _edit(LINES, l10="D patched"))
-    _commit(tree, "Patch d: upstream")
-    _write(tree, "e.py", _edit(LINES, l30="E patched"))
-    _commit(tree, "Patch e: conflicts")
-    export_mod.export(tree, root / "patches")
-
-    # C1: b gets lines on top (offsets), c changes a context line (3-way),
-    # d takes the patch's change (upstream); a and e untouched.
-    _write(up, "b.py", ["new 1", "new 2", "new 3", *LINES])
-    _write(up, "c.py", _edit(LINES, l18="c upstream"))
-    _write(up, "d.py", _edit(LINES, l10="D patched"))
-    c1 = _commit(up, "C1")
-    _write(up, "e.py", _edit(LINES, l30="E upstream"))
-    c2 = _commit(up, "C2")
-    return {"up": up, "root": root, "tree": tree, "c0": c0, "c1": c1, "c2": c2}
+    return make_rebase_world(tmp_path)
 
 
 def smla(world, *args: str):
@@ -215,7 +154,7 @@ def test_unexported_commit_refused(world):
     _write(tree, "a.py", _edit(LINES, l5="A patched differently"))
     proc.git(tree, "commit", "-q", "--amend", "--no-edit", "-a")  # amends patch e's commit: edits e + a
     res = smla(world, "--onto", world["c1"], "--source", str(world["up"]))
-    assert res.exit_code == 7 and "differ from patches/" in res.output
+    assert res.exit_code == 7 and "commits not in patches/" in res.output and "smla export" in res.output
 
 
 @pytest.mark.parametrize("onto,code", [("not-a-target", 2), ("0" * 40, 4), ("deadbee", 4)])
@@ -240,8 +179,8 @@ def test_unknown_version(world, monkeypatch):
     assert snapshot(world["root"]) == before
 
 
-def _fake_sdist(world, tmp_path, commit_id: str) -> tuple[str, str]:
-    """An sdist of C1 as vllm-0.0.2.tar.gz recording `commit_id`; (file URL, sha256)."""
+def _fake_sdist(world, commit_id: str | None) -> bytes:
+    """An sdist of C1 as vllm-0.0.2.tar.gz recording `commit_id` in vllm/_version.py (None: no _version.py)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
         for name in "abcde":
@@ -249,18 +188,27 @@ def _fake_sdist(world, tmp_path, commit_id: str) -> tuple[str, str]:
             info = tarfile.TarInfo(f"vllm-0.0.2/{name}.py")
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
-        data = f"__version__ = version = '0.0.2'\n__commit_id__ = commit_id = '{commit_id}'\n".encode()
-        info = tarfile.TarInfo("vllm-0.0.2/vllm/_version.py")
-        info.size = len(data)
-        tf.addfile(info, io.BytesIO(data))
-    path = tmp_path / "vllm-0.0.2.tar.gz"
-    path.write_bytes(buf.getvalue())
-    return path.as_uri(), hashlib.sha256(buf.getvalue()).hexdigest()
+        if commit_id is not None:
+            data = f"__version__ = version = '0.0.2'\n__commit_id__ = commit_id = '{commit_id}'\n".encode()
+            info = tarfile.TarInfo("vllm-0.0.2/vllm/_version.py")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
-def test_version_target_via_sdist(world, tmp_path, monkeypatch):
-    url, sha = _fake_sdist(world, tmp_path, "g" + world["c1"][:9])
-    monkeypatch.setattr(cache, "pypi_file", lambda project, filename: (url, sha))
+@pytest.fixture()
+def index(monkeypatch):
+    """A local package index (loopback HTTP) that the rebase downloads sdists from."""
+    srv = IndexServer()
+    monkeypatch.setenv("SMLA_INDEX_URL", srv.base + "/simple")
+    yield srv
+    srv.close()
+
+
+def test_version_target_via_sdist(world, index):
+    data = _fake_sdist(world, "g" + world["c1"][:9])
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", data)])
+    sha = hashlib.sha256(data).hexdigest()
     res = smla(world, "--onto", "0.0.2", "--source", str(world["up"]), "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
@@ -268,26 +216,76 @@ def test_version_target_via_sdist(world, tmp_path, monkeypatch):
     assert outcomes(data) == {"Patch a": "unchanged", "Patch b": "offsets", "Patch c": "merged",
                               "Patch d": "upstream", "Patch e": "unchanged"}
     pin = data["pin"]["after"]
-    assert pin == {**pin, "commit": world["c1"], "version": "0.0.2", "sdist": "vllm-0.0.2.tar.gz",
-                   "sdist_sha256": sha}
+    assert pin == {**pin, "commit": world["c1"], "commit_kind": "full", "version": "0.0.2",
+                   "sdist": "vllm-0.0.2.tar.gz", "sdist_sha256": sha}
+    assert "commit_kind" not in (world["root"] / "vllm-pin.txt").read_text()  # full: the key stays out
     tree = world["tree"]
     base = proc.git_out(tree, "rev-parse", f"{source.BASE_TAG}^{{commit}}")
     assert proc.git_out(tree, "rev-parse", f"{base}^") == world["c0"]  # child of the old base
     assert source.read_tree_info(tree).source == "sdist"
 
 
-def test_version_target_needs_full_commit(world, tmp_path, monkeypatch):
-    url, sha = _fake_sdist(world, tmp_path, "gabcdef123")
-    monkeypatch.setattr(cache, "pypi_file", lambda project, filename: (url, sha))
+def test_rebase_with_the_package_index_alone_records_the_abbreviated_commit(world, index, tmp_path):
+    """Issue 11: no git remote, no mirror: the pin gets the sdist's abbreviation, marked as such."""
+    data = _fake_sdist(world, "gabcdef123")
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", data)])
+    sha = hashlib.sha256(data).hexdigest()
+    res = smla(world, "--onto", "0.0.2", "--source", "sdist", "--json", "--report-dir", str(tmp_path / "rep"))
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output)
+    assert report["pin"]["after"] == {**report["pin"]["after"], "commit": "abcdef123",
+                                      "commit_kind": "abbreviated", "sdist_sha256": sha}
+    assert any("abbreviated commit abcdef123" in n for n in report["target"]["notes"])
+    assert "abbreviated" in (tmp_path / "rep" / "rebase-report.md").read_text()
+    pin = load_pin(world["root"] / "vllm-pin.txt")  # the written pin validates
+    assert (pin.commit, pin.commit_kind, pin.sdist_sha256) == ("abcdef123", "abbreviated", sha)
+    text = (world["root"] / "vllm-pin.txt").read_text()
+    assert "commit = abcdef123\ncommit_kind = abbreviated\n" in text
+    tree = world["tree"]
+    assert source.read_tree_info(tree).upstream_commit == "abcdef123"
+    assert "Upstream-Commit: abcdef123 (abbreviated)" in proc.git_out(tree, "log", "-1", "--format=%B", "smla-base")
+
+    # what needs the full id says so: a git fetch of this pin
+    from smla.errors import FetchError
+
+    with pytest.raises(FetchError, match="abbreviated commit abcdef123.*full 40-hex"):
+        source.fetch(pin, tmp_path / "t-git", "git", echo=lambda *_: None)
+    said = []
+    assert source.fetch(pin, tmp_path / "t-auto", "auto", echo=said.append).source == "sdist"
+    assert any("abbreviated" in s and "sdist" in s for s in said)
+    # status, apply and the next rebase work on the abbreviated pin
+    assert smla(world, "--onto", "0.0.2", "--source", "sdist").exit_code == 0  # nothing to rebase
+
+    # completing the pin later: the full id must extend the abbreviation
+    res = smla(world, "--onto", "0.0.2", "--upstream-commit", "1" * 40)
+    assert res.exit_code == 2 and "does not match" in res.output
+    full = "abcdef123" + "0" * 31
+    res = smla(world, "--onto", "0.0.2", "--upstream-commit", full, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["status"] == "noop"
+    pin = load_pin(world["root"] / "vllm-pin.txt")
+    assert (pin.commit, pin.commit_kind) == (full, "full")
+    assert source.read_tree_info(tree).upstream_commit == full
+
+
+def test_version_target_resolved_from_upstream_commit(world, index):
+    data = _fake_sdist(world, "gabcdef123")
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", data)])
     before = snapshot(world["root"])
-    res = smla(world, "--onto", "0.0.2", "--source", str(world["up"]))
-    assert res.exit_code == 2 and "--upstream-commit" in res.output
     res = smla(world, "--onto", "0.0.2", "--upstream-commit", "1" * 40)
     assert res.exit_code == 2 and "does not match" in res.output
     assert snapshot(world["root"]) == before
     res = smla(world, "--onto", "0.0.2", "--upstream-commit", "abcdef123" + "0" * 31, "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["pin"]["after"]["commit"] == "abcdef123" + "0" * 31
+
+
+def test_version_target_without_any_commit_id_needs_upstream_commit(world, index):
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, None))])
+    before = snapshot(world["root"])
+    res = smla(world, "--onto", "0.0.2", "--source", "sdist")
+    assert res.exit_code == 2 and "records no commit id" in res.output and "--upstream-commit" in res.output
+    assert snapshot(world["root"]) == before
 
 
 def test_missing_tree_is_fetched_and_patched_first(world, tmp_path):
@@ -303,3 +301,138 @@ def test_exactly_one_action(world):
     assert smla(world).exit_code == 2
     assert smla(world, "--onto", world["c1"], "--abort").exit_code == 2
     assert smla(world, "--continue").exit_code == 7  # nothing in progress
+
+
+SUITE = '''
+import os
+from pathlib import Path
+
+from smla import source
+from smla.pin import load
+
+
+def test_the_tree_is_at_the_new_pin():
+    root, tree = Path(os.environ["SMLA_ROOT"]), Path(os.environ["SMLA_TREE"])
+    assert source.read_tree_info(tree).upstream_commit == load(root / "vllm-pin.txt").commit
+    assert FAIL == 0
+'''
+
+
+@pytest.mark.parametrize("fail", [0, 1])
+def test_rebase_test_runs_the_suite_against_the_rebased_tree(world, fail):
+    """`--test`: the suite of the toolkit root runs after the pin moved, against the new tree (fail: exit 13)."""
+    (world["root"] / "tests").mkdir()
+    (world["root"] / "tests" / "test_pinned.py").write_text(SUITE.replace("FAIL == 0", f"{fail} == 0"))
+    res = smla(world, "--onto", world["c1"], "--source", str(world["up"]), "--test", "--json")
+    report, _ = json.JSONDecoder().raw_decode(res.output[res.output.index("{"):])
+    assert report["tests"]["passed"] is (not fail) and report["status"] == "clean"
+    assert res.exit_code == (13 if fail else 0), res.output  # 13: TestsFailed
+    assert "1 passed" in report["tests"]["tail"] or "1 failed" in report["tests"]["tail"]
+
+
+# --- findings of the real 0.16.0 -> 0.26.0 run (notes/rebase-findings.md) -----------------------
+
+
+def test_reports_follow_the_rebase_across_continue(world, tmp_path):
+    """F2/F3/F5/F6/F7: --report-dir and --report-name are remembered, every stop is kept, the range-diff
+    shows the resolution, and the written reports carry paths relative to the root."""
+    rep = tmp_path / "rep"
+    res = smla(world, "--onto", world["c2"], "--source", str(world["up"]), "--report-dir", str(rep),
+               "--report-name", "auto")
+    assert res.exit_code == 11, res.output
+    name = f"rebase-0.0.1-to-{world['c2'][:12]}"
+    stop = json.loads((rep / f"{name}.json").read_text())
+    assert stop["status"] == "conflict" and [s["patch"] for s in stop["stops"]] == ["0005-Patch-e-conflicts.patch"]
+    _write(world["tree"], "e.py", _edit(LINES, l30="E patched on top of upstream"))
+    proc.git(world["tree"], "add", "--", "e.py")
+    res = smla(world, "--continue")  # no --report-dir: the remembered one is used
+    assert res.exit_code == 0, res.output
+    final = json.loads((rep / f"{name}.json").read_text())
+    assert final["status"] == "clean"
+    assert final["stops"] == stop["stops"]  # the stop is still in the final report
+    assert final["tree"] == "work/vllm" and final["export"]["directory"] == "patches"
+    assert str(world["root"]) not in (rep / f"{name}.md").read_text()
+    assert "+E patched on top of upstream" in final["range_diff"] and "Conflict stops" in (rep / f"{name}.md").read_text()
+    assert sorted(p.name for p in rep.iterdir()) == [f"{name}.json", f"{name}.md", f"{name}.txt"]
+
+
+def test_abort_reports_to_the_remembered_place(world, tmp_path):
+    rep = tmp_path / "rep"
+    assert smla(world, "--onto", world["c2"], "--source", str(world["up"]), "--report-dir", str(rep),
+                "--report-name", "auto").exit_code == 11
+    assert smla(world, "--abort").exit_code == 0
+    name = f"rebase-0.0.1-to-{world['c2'][:12]}"
+    assert json.loads((rep / f"{name}.json").read_text())["status"] == "aborted"
+    assert sorted(p.name for p in rep.iterdir()) == [f"{name}.json", f"{name}.md", f"{name}.txt"]
+
+
+def test_conflict_lists_only_the_hunks_with_markers(world, tmp_path):
+    """F4: a hunk that fails plain apply but merges cleanly is not reported as conflicting."""
+    tree, root, up = world["tree"], world["root"], world["up"]
+    _write(tree, "e.py", _edit(LINES, l5="E early patched", l30="E patched"))
+    proc.git(tree, "commit", "-q", "--amend", "--no-edit", "-a")
+    export_mod.export(tree, root / "patches")
+    _write(up, "e.py", _edit(LINES, l3="e context moved upstream", l30="E upstream"))
+    proc.git(up, "commit", "-q", "-am", "C3")
+    c3 = proc.git_out(up, "rev-parse", "HEAD")
+    res = smla(world, "--onto", c3, "--source", str(up), "--json")
+    assert res.exit_code == 11
+    data, _ = json.JSONDecoder().raw_decode(res.output[res.output.index("{"):])
+    e = next(p for p in data["patches"] if p["subject"].startswith("Patch e"))
+    assert e["outcome"] == "conflict" and e["files"] == ["e.py"]
+    assert len(e["hunks"]) == 1 and e["hunks"][0].startswith("hunk #2 of e.py"), e["hunks"]
+    assert "merged without conflict markers: hunk #1 of e.py" in e["detail"]
+    # and git agrees: the merged file has the first change and markers only around line 30
+    text = (tree / "e.py").read_text()
+    assert "E early patched" in text.split("<<<<<<<")[0]
+
+
+def test_patches_that_only_add_files_are_flagged(world, tmp_path):
+    """F1: a new-file patch always applies; the report says that this proves nothing about its code."""
+    tree, root = world["tree"], world["root"]
+    (tree / "new_backend.py").write_text("import a\n")
+    proc.git(tree, "add", "--", "new_backend.py")
+    proc.git(tree, "commit", "-q", "-m", "Patch f: a new module\n\nWhy: test.")
+    export_mod.export(tree, root / "patches")
+    res = smla(world, "--onto", world["c1"], "--source", str(world["up"]), "--report-dir", str(tmp_path / "r"))
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "r" / "rebase-report.json").read_text())
+    flags = {p["subject"].split(":")[0]: p["new_files_only"] for p in data["patches"]}
+    assert flags["Patch f"] is True and flags["Patch a"] is False
+    md = (tmp_path / "r" / "rebase-report.md").read_text()
+    assert "adds new files only" in md and "--test" in md
+
+
+def test_conflict_hunks_when_two_hunks_add_the_same_line(tmp_path):
+    """F4, as in the real 0.26.0 -> 0.33.0 run: both hunks of the CUDA-priority patch add the same
+    enum line; only the one inside the conflict block is reported."""
+    import unidiff
+
+    from smla import series as series_mod
+    from smla.rebase import replay
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    proc.git(repo, "init", "-q")
+    base = ["def a():", "    return [", "        SM120,", "    ]", *[f"# filler {i}" for i in range(12)],
+            "def b():", "    return [", "        MLA,", "        FLASHMLA_SPARSE,", "    ]"]
+    _write(repo, "f.py", base)
+    proc.git(repo, "add", "f.py")
+    proc.git(repo, "commit", "-qm", "base")
+    patched = list(base)
+    patched.insert(3, "        TRITON_SPARSE,")
+    patched.insert(len(patched) - 1, "        TRITON_SPARSE,")
+    _write(repo, "f.py", patched)
+    proc.git(repo, "commit", "-qam", "Add TRITON_SPARSE\n\nWhy: test.")
+    text = proc.git(repo, "format-patch", "-1", "--stdout").stdout
+    path = tmp_path / "0001-x.patch"
+    path.write_text(text)
+    # the merge: hunk 1 went in, hunk 2 conflicts with an upstream rewrite of b()
+    merged = ["def a():", "    return [", "        SM120,", "        TRITON_SPARSE,", "    ]",
+              *[f"# filler {i}" for i in range(12)], "def b():", "    return [",
+              "<<<<<<< HEAD", "        *tail,", "=======", "        MLA,", "        FLASHMLA_SPARSE,",
+              "        TRITON_SPARSE,", ">>>>>>> Add TRITON_SPARSE", "    ]"]
+    _write(repo, "f.py", merged)
+    patch = series_mod.parse_patch(path)
+    got = replay.hunks_with_markers(repo, patch, unidiff.PatchSet(text), ["f.py"])
+    assert len(got) == 1 and got[0].startswith("hunk #2 of f.py"), got

@@ -1,10 +1,14 @@
-"""Real drift: rebase the real series from the vLLM 0.16.0 pin onto 0.17.0.
+"""Real drift: rebase the real series from the repository's pin onto a newer vLLM release.
 
-Opt-in (SMLA_REAL_REBASE=1; needs both sdists, cached or from PyPI). Runs in
-a scratch copy of the toolkit (pin + patches/ copied to tmp) and checks the
-report against reality: every patch is re-applied to an independent 0.17.0
-tree and must behave as the report says. Then --abort must restore all.
-SMLA_REAL_PATCHES points at another series (default: this repo's patches/).
+Opt-in (SMLA_REAL_REBASE=1; needs both sdists, cached or from PyPI).
+SMLA_REAL_ONTO names the target release (default 0.33.0, the latest here);
+SMLA_REAL_UPSTREAM_COMMIT its full commit when known, otherwise the rebase
+runs with PyPI alone (`--source sdist`) and the new pin records the sdist's
+abbreviated commit. Runs in a scratch copy of the toolkit (pin + patches/
+copied to tmp) and checks the report against reality: every patch is
+re-applied to an independent tree of the target sdist and must behave as
+the report says. Then --abort must restore all.
+SMLA_REAL_PATCHES / SMLA_REAL_PIN point at another series / pin.
 """
 from __future__ import annotations
 
@@ -22,8 +26,8 @@ from smla.cli import main
 from smla.pin import load
 
 REPO = Path(__file__).resolve().parents[1]
-# vLLM 0.17.0's sdist records only 'gb31e9326a'; this is the full id of the v0.17.0 tag.
-V017_COMMIT = "b31e9326a7d9394aab8c767f8ebe225c65594b60"
+ONTO = os.environ.get("SMLA_REAL_ONTO", "0.33.0")
+FULL_COMMIT = os.environ.get("SMLA_REAL_UPSTREAM_COMMIT")  # e.g. f2654939e69b4069b13977e9aef3e31d4dcaf051 for 0.26.0
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,19 +41,20 @@ def _snapshot(root: Path) -> dict[str, bytes]:
     return out
 
 
-def _fresh_017(tmp: Path, alternate: Path) -> Path:
-    """An independent 0.17.0 tree; borrows the rebase tree's objects so 3-way merges find preimages."""
+def _fresh(tmp: Path, alternate: Path) -> Path:
+    """An independent tree of the target sdist; borrows the rebase tree's objects so 3-way merges find
+    preimages."""
     fresh = tmp / "fresh"
     fresh.mkdir()
     proc.git(fresh, "init", "-q")
     (fresh / ".git" / "objects" / "info" / "alternates").write_text(str(alternate / ".git" / "objects") + "\n")
-    archive = cache.cache_dir() / "downloads" / "vllm-0.17.0.tar.gz"
+    archive = cache.cache_dir() / "downloads" / f"vllm-{ONTO}.tar.gz"
     source.unpack_sdist(archive, fresh)
-    source.commit_snapshot(fresh, "vLLM 0.17.0")
+    source.commit_snapshot(fresh, f"vLLM {ONTO}")
     return fresh
 
 
-def test_real_016_to_017(tmp_path):
+def test_real_rebase_onto_a_newer_release(tmp_path):
     patches = Path(os.environ.get("SMLA_REAL_PATCHES", REPO / "patches"))
     if not (patches / "series").is_file():
         pytest.skip(f"no series in {patches} yet")
@@ -58,20 +63,21 @@ def test_real_016_to_017(tmp_path):
     pin_src = Path(os.environ.get("SMLA_REAL_PIN", REPO / "vllm-pin.txt"))
     shutil.copy2(pin_src, root / "vllm-pin.txt")
     shutil.copytree(patches, root / "patches")
-    assert load(root / "vllm-pin.txt").version == "0.16.0"
+    old_pin = load(root / "vllm-pin.txt")
     tree = root / "work" / "vllm"
     before = _snapshot(root)
 
-    res = CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "rebase", "--onto", "0.17.0",
-                                    "--upstream-commit", V017_COMMIT, "--source", "sdist",
-                                    "--report-dir", str(tmp_path / "rep")])
+    commit_args = ["--upstream-commit", FULL_COMMIT] if FULL_COMMIT else []
+    res = CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "rebase", "--onto", ONTO,
+                                    *commit_args, "--source", "sdist", "--report-dir", str(tmp_path / "rep")])
     assert res.exit_code in (0, 11), res.output
     data = json.loads((tmp_path / "rep" / "rebase-report.json").read_text())
     assert data["status"] == ("clean" if res.exit_code == 0 else "conflict")
-    assert data["old_base"]["version"] == "0.16.0" and data["new_base"]["version"] == "0.17.0"
+    assert data["old_base"]["version"] == old_pin.version and data["new_base"]["version"] == ONTO
+    assert data["new_base"]["commit_kind"] == ("full" if FULL_COMMIT else "abbreviated")
 
-    # Reality check, patch by patch, on an independent 0.17.0 tree.
-    fresh = _fresh_017(tmp_path, tree)
+    # Reality check, patch by patch, on an independent tree of the target.
+    fresh = _fresh(tmp_path, tree)
     for p in data["patches"]:
         path = str((patches / p["name"]).resolve())
         check = proc.git(fresh, "apply", "--check", "-v", "--", path, check=False)
@@ -108,7 +114,11 @@ def test_real_016_to_017(tmp_path):
         assert abort.exit_code == 0, abort.output
         assert _snapshot(root) == before
         info = source.read_tree_info(tree)
-        assert info.version == "0.16.0" and proc.git(tree, "status", "--porcelain").stdout == ""
+        assert info.version == old_pin.version and proc.git(tree, "status", "--porcelain").stdout == ""
     else:
         after = load(root / "vllm-pin.txt")
-        assert (after.version, after.commit) == ("0.17.0", V017_COMMIT)
+        assert after.version == ONTO
+        if FULL_COMMIT:
+            assert (after.commit, after.commit_kind) == (FULL_COMMIT, "full")
+        else:  # PyPI alone: the sdist's abbreviation, marked
+            assert after.commit_kind == "abbreviated" and data["new_base"]["upstream_commit"] == after.commit

@@ -45,7 +45,7 @@ def _b64sha(path: Path) -> str:
 
 def test_real_wheel(tmp_path):
     project = Project.discover(Path(os.environ.get("SMLA_ROOT", REPO_ROOT)))
-    tree = Path(os.environ.get("SMLA_VLLM_TREE", project.default_tree))
+    tree = Path(os.environ.get("SMLA_TREE", project.default_tree))
     if not (project.patches_dir / "series").is_file():
         pytest.skip("no patches/series yet")
     smla = [sys.executable, "-m", "smla.cli", "--root", str(project.root), "--tree", str(tree)]
@@ -58,12 +58,18 @@ def test_real_wheel(tmp_path):
     print(f"\nbuild-wheel: {elapsed:.1f}s, {r['size'] / 1e6:.1f} MB, {r['output']}")
     out, base = Path(r["output"]), Path(r["base_wheel"])
     version = r["version"]
-    assert out.name == f"vllm-{version}-cp38-abi3-manylinux_2_31_x86_64.whl"
+    pin = project.pin()
+    # the label names the pinned release, its upstream commit and the series
+    assert version == f"{pin.version}+sparsemla.g{pin.commit[:9]}.{r['series_hash']}"
+    base_tags = base.name[:-len(".whl")].split("-", 2)[2]  # e.g. cp38-abi3-manylinux_2_28_x86_64 for 0.26.0
+    assert base.name == f"vllm-{pin.version}-{base_tags}.whl"
+    assert out.name == f"vllm-{version}-{base_tags}.whl"
+    platform_tag = base_tags.split("-", 2)[2]
 
     site = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
-         "--disable-pip-version-check", "--only-binary=:all:", "--platform", "manylinux_2_31_x86_64",
+         "--disable-pip-version-check", "--only-binary=:all:", "--platform", platform_tag,
          "--python-version", "3.12", "--implementation", "cp", "--target", str(site), str(out)],
         check=True, capture_output=True, text=True,
     )
@@ -76,6 +82,10 @@ def test_real_wheel(tmp_path):
     ns: dict = {}
     exec((site / "vllm" / "_version.py").read_text(), ns)
     assert ns["__version__"] == version
+    with zipfile.ZipFile(base) as zf:  # the upstream commit id is kept as the official wheel has it
+        official_ns: dict = {}
+        exec(zf.read("vllm/_version.py").decode(), official_ns)
+    assert ns["__commit_id__"] == official_ns["__commit_id__"]
 
     changed = set(r["replaced"]) | set(r["added"])
     for rel in changed:
@@ -90,6 +100,7 @@ def test_real_wheel(tmp_path):
         official_meta = {n: zf.read(n) for n in ("entry_points.txt", "WHEEL", "top_level.txt")
                          for n in [f"{official_di}/{n}"]}
     compiled = 0
+    official_so = sum(1 for path, digest, _ in rows if path.endswith(".so") and path not in changed)
     for path, digest, _size in rows:
         if not digest or path.startswith(official_di) or path in changed or path == wh.VERSION_FILE:
             continue
@@ -98,6 +109,8 @@ def test_real_wheel(tmp_path):
         assert (site / path).is_file(), f"{path} missing from the installed wheel"
         assert f"sha256={_b64sha(site / path)}" == digest, f"{path} differs from the official wheel"
         compiled += path.endswith(".so")
-    assert compiled >= 7  # _C, _moe_C, flash-attn fa2/fa3, flashmla x2, cumem_allocator
+    # every compiled file of the official wheel is there, unchanged (0.16.0: 7 incl. vllm/_C.abi3.so;
+    # 0.26.0: 16, the ops in vllm/_C_stable_libtorch.abi3.so, no vllm/_C.abi3.so)
+    assert compiled == official_so > 0
     for name, data in official_meta.items():
         assert (di / name.rsplit("/", 1)[1]).read_bytes() == data

@@ -8,7 +8,7 @@ builds it in the metadata builder). Times are triton.testing.do_bench medians
 (ms). Also sweeps a few launch configs of our kernels.
 
 usage: python bench/indexer/bench_indexer.py OUT.jsonl
-env:   SMLA_VLLM_TREE, SMLA_DEEPGEMM_DIR, SMLA_VLLM_C_SO (as for the GPU test)
+env:   SMLA_TREE, SMLA_DEEPGEMM_DIR, SMLA_VLLM_C_SO (as for the GPU test)
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def prefill_inputs(ops, ctx_lens, q_lens, seed):
 
 
 def main(out_path: str):
-    tree = Path(os.environ.get("SMLA_VLLM_TREE", ROOT / "work" / "vllm"))
+    tree = Path(os.environ.get("SMLA_TREE", ROOT / "work" / "vllm"))
     idx = load_indexer_module(tree, interpret=False)
     dg = load_deepgemm()
     ops = load_vllm_ops()

@@ -16,7 +16,7 @@ mkdir -p "$out" /tmp/idx
 tar xJf "$P/dg.tar.xz" -C /tmp/idx
 xz -dc "$P/vllm_C.so.xz" > /tmp/idx/_C_stable_libtorch.abi3.so
 export SMLA_DEEPGEMM_DIR=/tmp/idx SMLA_VLLM_C_SO=/tmp/idx/_C_stable_libtorch.abi3.so
-export SMLA_VLLM_TREE="$P/tree" SMLA_INDEXER_RESULTS="$out/indexer-gpu-results.jsonl"
+export SMLA_TREE="$P/tree" SMLA_INDEXER_RESULTS="$out/indexer-gpu-results.jsonl"
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 unset TRITON_INTERPRET
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

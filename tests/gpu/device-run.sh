@@ -29,7 +29,7 @@ case "$phase" in
     (xz -dc "$b/so/_C_stable_libtorch.abi3.so.xz" > "$work/_C_stable_libtorch.abi3.so" \
       && cp "$b/so/SHA256SUMS" "$work/" && cd "$work" && sha256sum -c SHA256SUMS) > "$out/so-unpack.log" 2>&1 &
     unpack=$!
-    export SMLA_VLLM_TREE=$PWD/$b/kern SMLA_GPU_RESULTS=$out/gpu-results.jsonl
+    export SMLA_TREE=$PWD/$b/kern SMLA_GPU_RESULTS=$out/gpu-results.jsonl
     rc=0
     python3 -m pytest tests/gpu/test_kernel_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
       > "$out/gpu-tests-kernels.log" 2>&1 || rc=$?
@@ -52,7 +52,7 @@ case "$phase" in
     fi
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$b"/tree/whl/*.whl
     cp -r "$b"/tree/site-extra/* /tmp/site/
-    export PYTHONPATH=/tmp/site:$PWD/tools SMLA_VLLM_TREE=$work/tree
+    export PYTHONPATH=/tmp/site:$PWD/tools SMLA_TREE=$work/tree
     export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
     python3 -m pytest tests/gpu/test_backend_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
       2>&1 | tee "$out/gpu-tests-backend.log"
@@ -64,7 +64,7 @@ case "$phase" in
     (cd "$work/tree/vllm" && sha256sum -c "$OLDPWD/$b/so/SHA256SUMS") | tee -a "$out/gpu-env-$phase.txt"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$b"/tree/whl/*.whl
     cp -r "$b"/tree/site-extra/* /tmp/site/
-    export SMLA_VLLM_TREE=$work/tree SMLA_GPU_RESULTS=$out/gpu-results.jsonl
+    export SMLA_TREE=$work/tree SMLA_GPU_RESULTS=$out/gpu-results.jsonl
     rc=0
     python3 -m pytest tests/gpu/test_kernel_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
       > "$out/gpu-tests-kernels.log" 2>&1 || rc=$?

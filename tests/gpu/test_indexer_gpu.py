@@ -8,7 +8,7 @@ same code path as on sm80/86.
 
 Inputs come from the environment (all optional; what is missing is skipped
 with the reason, never faked):
-  SMLA_VLLM_TREE     vLLM tree with vllm/v1/attention/ops/triton_dsa_indexer.py
+  SMLA_TREE     vLLM tree with vllm/v1/attention/ops/triton_dsa_indexer.py
                      and triton_sparse_mla.py (conftest `vllm_tree`)
   SMLA_DEEPGEMM_DIR  folder holding `deep_gemm/` (vLLM 0.26.0 wheel's
                      vllm/third_party/deep_gemm)

@@ -1,14 +1,25 @@
 """`apply`: put the series onto the work tree, all or nothing.
 
-The patches are applied one by one in a scratch git worktree at the tree's
-HEAD (one commit per patch, carrying the patch's header; committer date =
-author date so commit ids are reproducible). Only when every patch went in
-does the real branch move, by fast-forward; on the first failure the scratch
-worktree is dropped and the tree is exactly as before.
+What to do is decided by smla.treestate (content, not Subjects):
+  in sync                 nothing to do (rerun = no-op)
+  patches missing at the  the missing patches are applied on top
+  end of the series
+  patches/ changed since  the patch commits are rebuilt from the base, and
+  the tree was built      the changed patches are named (no work is lost:
+                          every commit above the base carries a patch or
+                          is recorded from an older patches/)
+  both changed            refused, naming the patches and both ways out
+  tree has commits not in refused when something would have to be applied
+  patches/                (`smla export` saves them first); otherwise a no-op
+The patches are applied one by one in a scratch git worktree (one commit per
+patch, carrying the patch's header; committer date = author date so commit
+ids are reproducible). Only when every patch went in does the real branch
+move; on the first failure the tree is exactly as before. The applied state
+is then recorded (treestate.record).
 
 Per patch the outcome is one of:
   applied          newly committed
-  already-applied  a commit for it is already above the base (rerun = no-op)
+  already-applied  a commit above the base already carries it
   upstream         not needed: the change is already in the source (the
                    patch reverse-applies cleanly), reported, never applied twice
 Zero fuzz by default: every context line must match (`git apply` never
@@ -17,15 +28,14 @@ fuzzes; `fuzz` > 0 lets that many context lines at each hunk edge differ).
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from smla import proc
-from smla.errors import ApplyError, TreeStateError
+from smla import lock, proc, treestate
+from smla.errors import ApplyError, TreeStateError, cmd
 from smla.series import Patch, Series, check_no_symlinks
 from smla.source import BASE_TAG, TreeInfo, read_tree_info, rebase_in_progress
+from smla.treestate import commits_above_base, dirty_files  # noqa: F401  (re-exported for callers)
 
 APPLIED = "applied"
 ALREADY = "already-applied"
@@ -39,6 +49,7 @@ class PatchOutcome:
     subject: str
     state: str
     offsets: list[str] = field(default_factory=list)
+    commit: str | None = None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "subject": self.subject, "state": self.state, "offsets": self.offsets}
@@ -50,6 +61,8 @@ class ApplyResult:
     base: str
     head: str
     outcomes: list[PatchOutcome]
+    rebuilt: bool = False
+    changed_patches: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -61,6 +74,8 @@ class ApplyResult:
             "base": self.base,
             "head": self.head,
             "changed": self.changed,
+            "rebuilt": self.rebuilt,
+            "changed_patches": self.changed_patches,
             "patches": [o.to_dict() for o in self.outcomes],
         }
 
@@ -69,11 +84,12 @@ def require_tree(tree: Path, *, during_rebase: bool = False) -> TreeInfo:
     """The tree's TreeInfo; refuses a missing tree and, unless `during_rebase`, a stopped rebase."""
     info = read_tree_info(tree)
     if info is None:
-        raise TreeStateError(f"no smla work tree at {tree}", hint="run `smla fetch` (or `make patch`) first")
+        raise TreeStateError(f"no smla work tree at {tree}",
+                             hint=f"run {cmd('smla', 'fetch')} (or {cmd('make', 'patch')}) first")
     if not during_rebase and rebase_in_progress(tree):
         raise TreeStateError(
             f"a `smla rebase` is stopped in {tree}",
-            hint="finish it with `smla rebase --continue` or undo it with `smla rebase --abort`",
+            hint=f"finish it with {cmd('smla', 'rebase', '--continue')} or undo it with {cmd('smla', 'rebase', '--abort')}",
         )
     return info
 
@@ -83,92 +99,96 @@ def reverse_applies(tree: Path, patch: Patch) -> bool:
     return proc.git(tree, "apply", "--check", "-R", "--", patch.path.resolve(), check=False).returncode == 0
 
 
-def dirty_files(tree: Path) -> list[str]:
-    out = proc.git(tree, "status", "--porcelain", "--untracked-files=all").stdout
-    return [line[3:] for line in out.splitlines() if line.strip()]
-
-
-def commits_above_base(tree: Path) -> list[tuple[str, str]]:
-    """(commit id, subject) of each commit on the branch above the base, oldest first."""
-    out = proc.git(tree, "log", "--reverse", "--format=%H%x00%s", f"{BASE_TAG}..HEAD").stdout
-    return [tuple(line.split("\0", 1)) for line in out.splitlines() if line]  # type: ignore[misc]
-
-
-def match_series(series: Series, tree: Path) -> tuple[list[str], list[tuple[str, str]]]:
-    """Which series patches have commits above the base, and which commits are not from the series.
-
-    Returns (names of applied patches, extra commits). Commits must be in
-    series order; a commit that matches no patch is "extra" (a local edit).
-    """
-    commits = commits_above_base(tree)
-    applied: list[str] = []
-    i = 0
-    for patch in series.patches:
-        if i < len(commits) and commits[i][1] == patch.subject:
-            applied.append(patch.name)
-            i += 1
-    return applied, commits[i:]
-
-
 def apply_series(series: Series, tree: Path, *, force: bool = False, fuzz: int = 0, echo=print) -> ApplyResult:
+    with lock.hold(tree):
+        return _apply_locked(series, tree, force=force, fuzz=fuzz, echo=echo)
+
+
+def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -> ApplyResult:
     info = require_tree(tree)
     dirty = dirty_files(tree)
     if dirty and not force:
         shown = ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
         raise TreeStateError(
             f"work tree {tree} has uncommitted changes ({shown})",
-            hint="commit them and run `smla export`, or discard them, or rerun with --force",
+            hint=f"commit them and run {cmd('smla', 'export')}, or discard them, or rerun with --force",
         )
     check_no_symlinks(series, tree)
-    applied, extra = match_series(series, tree)
-    if extra:
+    st = treestate.compare(tree, series)
+    if st.kind == treestate.DIVERGED:
         raise TreeStateError(
-            f"work tree {tree} has commits that are not in the series: "
-            + "; ".join(f"{c[:12]} {s}" for c, s in extra[:5]),
-            hint="run `smla export` to turn them into patches, or `smla status` to inspect",
+            f"both changed: patches/ changed since the tree was built ({st.changed_text()}), and the tree "
+            f"{tree} has commits not in patches/ ({st.edited_text()}); refusing to choose",
+            hint=treestate.both_ways_out(st),
         )
-    outcomes = [
-        PatchOutcome(p.name, p.subject, ALREADY if p.name in applied else PENDING) for p in series.patches
-    ]
-    last_applied = max((i for i, o in enumerate(outcomes) if o.state == ALREADY), default=-1)
-    # A patch skipped as upstream on an earlier run has no commit: recognise it again.
-    for patch, o in zip(series.patches[:last_applied], outcomes[:last_applied]):
-        if o.state == PENDING and reverse_applies(tree, patch):
+    names = st.patch_names
+    missing = st.missing
+    last_carried = max((names.index(n) for n in st.carried), default=-1)
+    rebuild = bool(st.stale) or not st.order_ok or any(names.index(n) < last_carried for n in missing)
+    if st.edited and (missing or rebuild):
+        raise TreeStateError(
+            f"work tree {tree} has commits that are not in patches/ ({st.edited_text()}), "
+            f"and {', '.join(missing) or 'the series'} would have to be applied under them",
+            hint=f"run {cmd('smla', 'export')} to turn them into patches, or {cmd('smla', 'status')} to inspect",
+        )
+    outcomes = [PatchOutcome(p.name, p.subject, PENDING) for p in series.patches]
+    for o in outcomes:
+        if o.name in st.carried:
+            o.state, o.commit = ALREADY, st.carried[o.name]
+        elif o.name in st.upstream:
             o.state = UPSTREAM
-    if last_applied >= 0 and any(o.state == PENDING for o in outcomes[:last_applied]):
-        raise TreeStateError(
-            f"work tree {tree} has later patches applied but not earlier ones",
-            hint="run `smla fetch --force` and `smla apply` to start from a clean base",
-        )
-    pending = [(p, o) for p, o in zip(series.patches, outcomes) if o.state == PENDING]
-    if not pending:
+    changed = [f"{n} ({how})" for n, how in st.changed.items()] + [f"{n} (removed)" for n in st.removed]
+    head = proc.git_out(tree, "rev-parse", "HEAD")
+    if not missing and not rebuild:
         upstream = sum(o.state == UPSTREAM for o in outcomes)
         note = f" ({upstream} already upstream)" if upstream else ""
         echo(f"all {len(outcomes)} patches already applied to {tree}{note}; nothing to do")
-        return ApplyResult(tree, info.base, proc.git_out(tree, "rev-parse", "HEAD"), outcomes)
+        if st.edited:
+            echo(f"note: the tree also has {len(st.edited)} commit(s) not in patches/: "
+                 f"{cmd('smla', 'export')} saves them")
+        else:
+            treestate.record(tree, series, {o.name: o.commit for o in outcomes})
+        return ApplyResult(tree, info.base, head, outcomes)
 
-    head = proc.git_out(tree, "rev-parse", "HEAD")
-    scratch = Path(tempfile.mkdtemp(prefix=".smla-apply-", dir=tree.parent))
-    scratch.rmdir()
-    proc.git(tree, "worktree", "add", "-q", "--detach", scratch, head)
-    try:
-        for patch, outcome in pending:
-            _apply_one(patch, outcome, scratch, fuzz)
+    # Keep the longest run of commits from the base that carries the series in order; rebuild the rest.
+    start, kept, j = info.base, 0, 0
+    by_commit = {c: n for n, c in st.carried.items()}
+    for cid, _ in st.commits:
+        while j < len(names) and names[j] in st.upstream:
+            j += 1
+        if j >= len(names) or by_commit.get(cid) != names[j]:
+            break
+        start, kept, j = cid, kept + 1, j + 1
+    rebuild = kept < len(st.commits)
+    if changed:
+        echo(f"patches/ changed since the tree was built: {', '.join(changed)}"
+             + (f"; rebuilding the patch commits from {names[j] if j < len(names) else 'the end'} on"
+                if rebuild else ""))
+    elif rebuild:
+        echo(f"the tree's commits are out of order with patches/series; rebuilding from "
+             f"{names[j] if j < len(names) else 'the end'} on")
+    todo = []
+    for i, (p, o) in enumerate(zip(series.patches, outcomes)):
+        if i >= j:
+            o.state, o.commit = PENDING, None
+            todo.append((p, o))
+    with proc.scratch_worktree(tree, start, prefix=".smla-apply-") as scratch:
+        for patch, outcome in todo:
+            _apply_one(patch, outcome, scratch, fuzz, tree)
         new_head = proc.git_out(scratch, "rev-parse", "HEAD")
-    finally:
-        proc.git(tree, "worktree", "remove", "--force", scratch, check=False)
-        shutil.rmtree(scratch, ignore_errors=True)
-        proc.git(tree, "worktree", "prune", check=False)
     if new_head != head:
-        merged = proc.git(tree, "merge", "-q", "--ff-only", new_head, check=False)
-        if merged.returncode != 0:
+        how = ("reset", "-q", "--keep", new_head) if rebuild else ("merge", "-q", "--ff-only", new_head)
+        moved = proc.git(tree, *how, check=False)
+        if moved.returncode != 0:
             raise ApplyError(
-                f"patches apply, but the work tree could not be updated: {merged.stderr.strip()}",
+                f"patches apply, but the work tree could not be updated: {moved.stderr.strip()}",
                 hint="your uncommitted changes conflict with the series; commit or discard them",
             )
+    treestate.record(tree, series, {o.name: o.commit for o in outcomes})
     for o in outcomes:
         echo(_line(o))
-    return ApplyResult(tree, info.base, proc.git_out(tree, "rev-parse", "HEAD"), outcomes)
+    return ApplyResult(tree, info.base, proc.git_out(tree, "rev-parse", "HEAD"), outcomes,
+                       rebuilt=rebuild, changed_patches=[c.split(" ", 1)[0] for c in changed])
 
 
 def _line(o: PatchOutcome) -> str:
@@ -176,7 +196,7 @@ def _line(o: PatchOutcome) -> str:
     return f"  {o.state:<16} {o.name}{extra}"
 
 
-def _apply_one(patch: Patch, outcome: PatchOutcome, worktree: Path, fuzz: int) -> None:
+def _apply_one(patch: Patch, outcome: PatchOutcome, worktree: Path, fuzz: int, tree: Path) -> None:
     ctx = [f"-C{max(0, 3 - fuzz)}"] if fuzz else []
     check = proc.git(worktree, "apply", "--check", "-v", *ctx, "--", patch.path.resolve(), check=False)
     if check.returncode == 0:
@@ -184,39 +204,64 @@ def _apply_one(patch: Patch, outcome: PatchOutcome, worktree: Path, fuzz: int) -
         proc.git(worktree, "am", "-q", "--keep-cr", "--committer-date-is-author-date", *ctx, "--",
                  patch.path.resolve())
         outcome.state = APPLIED
+        outcome.commit = proc.git_out(worktree, "rev-parse", "HEAD")
         return
     if reverse_applies(worktree, patch):
         outcome.state = UPSTREAM
         return
-    raise failure(patch, check.stderr, worktree)
+    raise failure(patch, check.stderr, tree)
 
 
-def failure(patch: Patch, stderr: str, tree: Path | None = None) -> ApplyError:
-    """An ApplyError naming the patch, file, hunk and line from `git apply` stderr."""
-    m = re.search(r"error: patch failed: (.+):(\d+)", stderr)
-    if m:
+@dataclass(frozen=True)
+class HunkFailure:
+    """One place where `git apply` failed: a hunk (file + line) or a whole file."""
+
+    description: str  # "hunk #2 of f.py (@@ ... @@)" or "f.py: No such file or directory"
+    file: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        return self.description
+
+
+_FILE_ERRORS = "No such file or directory|already exists in working directory|does not exist in index"
+
+
+def failed_hunks(patch: Patch, stderr: str) -> list[HunkFailure]:
+    """Every failure `git apply [--check] [--reject] -v` reports in `stderr`, described with
+    the patch's own hunk headers; in order, without repeats. (The one parser: apply and rebase.)"""
+    found: list[HunkFailure] = []
+    for m in re.finditer(r"error: patch failed: (.+):(\d+)", stderr):
         file, line = m.group(1), int(m.group(2))
         hunk = patch.hunk_at(file, line)
-        where = f"{hunk.describe() if hunk else file}, at line {line} of the tree's {file}"
+        found.append(HunkFailure(hunk.describe() if hunk else f"{file} at line {line}", file, line))
+    for m in re.finditer(rf"error: (\S+): ({_FILE_ERRORS})", stderr):
+        found.append(HunkFailure(f"{m.group(1)}: {m.group(2)}", m.group(1)))
+    unique: list[HunkFailure] = []
+    for f in found:
+        if f.description not in [u.description for u in unique]:
+            unique.append(f)
+    return unique
+
+
+def failure(patch: Patch, stderr: str, tree: Path) -> ApplyError:
+    """An ApplyError naming the patch, file, hunk and line from `git apply` stderr."""
+    fails = failed_hunks(patch, stderr)
+    if fails and fails[0].line is not None:
+        where = f"{fails[0]}, at line {fails[0].line} of the tree's {fails[0].file}"
+    elif fails:
+        where = str(fails[0])
     else:
-        m2 = re.search(r"error: (.+?): (No such file or directory|already exists in working directory|does not exist in index)", stderr)
-        where = f"{m2.group(1)}: {m2.group(2)}" if m2 else stderr.strip().splitlines()[-1] if stderr.strip() else "?"
+        where = stderr.strip().splitlines()[-1] if stderr.strip() else "?"
     return ApplyError(
         f"patch {patch.name} ({patch.subject}) does not apply: {where}",
         hint=(
             "the tree is unchanged. See the failing hunk with "
-            f"`git -C {_real_tree(tree)} apply --check -v {patch.path.resolve()}`; "
-            "if upstream moved, carry the series with `smla rebase`, or fix the patch in a tree and `smla export`"
+            f"{cmd('git', '-C', tree, 'apply', '--check', '-v', patch.path.resolve())}; "
+            f"if upstream moved, carry the series with {cmd('smla', 'rebase')}, "
+            f"or fix the patch in a tree and {cmd('smla', 'export')}"
         ),
     )
-
-
-def _real_tree(worktree: Path | None) -> str:
-    """The main tree of a scratch worktree (what the user should look at)."""
-    if worktree is None:
-        return "<tree>"
-    common = proc.git(worktree, "rev-parse", "--path-format=absolute", "--git-common-dir", check=False)
-    return str(Path(common.stdout.strip()).parent) if common.returncode == 0 else str(worktree)
 
 
 def hunk_offsets(text: str) -> list[str]:

@@ -5,20 +5,33 @@ renamed, so an interrupted or corrupt download never sits in the cache
 under its real name. A cached file that no longer matches its checksum is
 replaced. PyPI file locations come from the simple index's JSON form
 (PEP 691), which also gives each file's sha256.
+
+Transport: remote index and file URLs must be https (also after
+redirects); plain http is accepted only for a loopback host (a mirror on
+this machine), and any other scheme an index returns (file:, ftp:, data:,
+http: to another host) is refused. Local files are used only when the user
+names them (`--source PATH`, `--base-wheel PATH`), never because an index
+said so. Credentials in an index URL (https://user:token@host/simple) are
+sent as HTTP basic auth to that host only and are never logged or shown:
+`redact` replaces them with `***` in every message.
 """
 from __future__ import annotations
 
+import base64
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -34,6 +47,34 @@ from smla.fsutil import sha256_file
 log = logging.getLogger("smla.cache")
 
 DEFAULT_INDEX = "https://pypi.org/simple"
+_progress_on = True
+
+
+def set_progress(enabled: bool) -> None:
+    """Turn download progress bars on or off for this process."""
+    global _progress_on
+    _progress_on = enabled
+
+
+@contextlib.contextmanager
+def no_progress() -> Iterator[None]:
+    """No progress bars inside the block (the CLI under --json)."""
+    before = _progress_on
+    set_progress(False)
+    try:
+        yield
+    finally:
+        set_progress(before)
+
+
+def progress_enabled(quiet: bool = False) -> bool:
+    """Progress bars go to stderr, and only when it is a terminal and nobody asked for quiet."""
+    return _progress_on and not quiet and sys.stderr.isatty()
+
+
+def progress_console() -> Console:
+    """Progress bars go to stderr (stdout stays clean for --json and pipes)."""
+    return Console(stderr=True)
 
 
 def cache_dir() -> Path:
@@ -48,24 +89,131 @@ def index_url() -> str:
     return os.environ.get("SMLA_INDEX_URL", DEFAULT_INDEX).rstrip("/")
 
 
-def pypi_file(project: str, filename: str) -> tuple[str, str]:
-    """(url, sha256) of `filename` in `project` on the package index."""
-    url = f"{index_url()}/{project}/"
-    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    log.info("GET %s", url)
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def redact(url: str) -> str:
+    """`url` with any user:password replaced by `***` (for logs and errors)."""
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def check_url(url: str, what: str) -> None:
+    """Refuse anything but https, and http to a loopback host (a mirror on this machine)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "https" and parts.hostname:
+        return
+    if parts.scheme == "http" and parts.hostname in _LOOPBACK:
+        return
+    raise FetchError(
+        f"refusing {what} {redact(url)}: only https URLs are downloaded "
+        "(plain http only from this machine, 127.0.0.1/localhost)",
+        hint="use an https index (SMLA_INDEX_URL), or download the file yourself and pass its path "
+             "(--source PATH / --base-wheel PATH)",
+    )
+
+
+def _split_credentials(url: str) -> tuple[str, str | None]:
+    """(url without user:password, Authorization header value or None)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None:
+        return url, None
+    user = urllib.parse.unquote(parts.username)
+    password = urllib.parse.unquote(parts.password or "")
+    netloc = parts.hostname or ""
+    if ":" in netloc:
+        netloc = f"[{netloc}]"
+    if parts.port:
+        netloc += f":{parts.port}"
+    bare = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return bare, f"Basic {token}"
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect only to an allowed URL; never carry credentials to another host."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        newurl = urllib.parse.urljoin(req.full_url, newurl)
+        check_url(newurl, "a redirect to")
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl).hostname != urllib.parse.urlsplit(req.full_url).hostname:
+            new.remove_header("Authorization")
+        return new
+
+
+_OPENER = urllib.request.build_opener(_CheckedRedirects)
+
+
+def _open(url: str, *, accept: str | None = None, auth: str | None = None, timeout: float):
+    check_url(url, "to download")
+    bare, inline = _split_credentials(url)
+    headers = {"Accept": accept} if accept else {}
+    if inline or auth:
+        headers["Authorization"] = inline or auth  # type: ignore[assignment]
+    return _OPENER.open(urllib.request.Request(bare, headers=headers), timeout=timeout)
+
+
+# Authorization for file URLs on the index's own host (credentials given in SMLA_INDEX_URL).
+_AUTH_FOR_HOST: dict[str, str] = {}
+
+
+def pypi_file(project: str, filename: str) -> tuple[str, str]:
+    """(url, sha256) of `filename` in `project` on the package index.
+
+    The returned URL never carries credentials (`fetch` adds them again for
+    the index's own host); it must be https (or loopback http), else FetchError.
+    """
+    for name, url, sha in pypi_files(project):
+        if name == filename:
+            check_url(url, f"{filename} at")
+            return url, sha
+    raise FetchError(f"{filename} is not on the package index ({redact(index_url())}/{project}/)")
+
+
+def pypi_files(project: str) -> list[tuple[str, str, str]]:
+    """(filename, url, sha256) of every file of `project` on the index (same checks as pypi_file)."""
+    url = f"{index_url()}/{project}/"
+    shown = redact(url)
+    bare, auth = _split_credentials(url)
+    log.info("GET %s", shown)
+    try:
+        with _open(url, accept="application/vnd.pypi.simple.v1+json", timeout=60) as resp:
             data = json.load(resp)
+    except FetchError:
+        raise
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise FetchError(
-            f"cannot read the package index {url}: {exc}",
+            f"cannot read the package index {shown}: {_redact_text(str(exc), url)}",
             hint="check network access to PyPI, or set SMLA_INDEX_URL to a mirror",
         ) from exc
+    out = []
     for entry in data.get("files", []):
-        if entry.get("filename") == filename:
-            sha = entry.get("hashes", {}).get("sha256", "")
-            return urllib.parse.urljoin(url, entry["url"]), sha
-    raise FetchError(f"{filename} is not on the package index ({url})")
+        name = entry.get("filename", "")
+        file_url = urllib.parse.urljoin(bare, entry.get("url", ""))
+        out.append((name, file_url, entry.get("hashes", {}).get("sha256", "")))
+        host = urllib.parse.urlsplit(file_url).hostname
+        if auth and host == urllib.parse.urlsplit(bare).hostname:
+            _AUTH_FOR_HOST[host] = auth
+    return out
+
+
+def _redact_text(text: str, url: str) -> str:
+    """`text` with the credentials of `url` (if any) masked."""
+    parts = urllib.parse.urlsplit(url)
+    for secret in (parts.password, parts.username):
+        if secret:
+            text = text.replace(secret, "***")
+    return text
 
 
 def fetch(
@@ -99,7 +247,7 @@ def fetch(
         got = digest.hexdigest()
         if got != sha256:
             raise ChecksumError(
-                f"{dest.name}: sha256 mismatch (expected {sha256}, got {got}) from {url}",
+                f"{dest.name}: sha256 mismatch (expected {sha256}, got {got}) from {redact(url)}",
                 hint="the download was corrupted or the pin is wrong; check vllm-pin.txt",
             )
         os.replace(tmp, dest)
@@ -109,9 +257,10 @@ def fetch(
 
 
 def _stream(url: str, out, digest, label: str, quiet: bool) -> None:
-    log.info("GET %s", url)
+    log.info("GET %s", redact(url))
+    auth = _AUTH_FOR_HOST.get(urllib.parse.urlsplit(url).hostname or "")
     try:
-        with urllib.request.urlopen(url, timeout=120) as resp:
+        with _open(url, auth=auth, timeout=120) as resp:
             total = int(resp.headers.get("Content-Length") or 0) or None
             with Progress(
                 TextColumn("[bold]{task.description}"),
@@ -120,14 +269,19 @@ def _stream(url: str, out, digest, label: str, quiet: bool) -> None:
                 TransferSpeedColumn(),
                 TimeRemainingColumn(),
                 transient=True,
-                disable=quiet,
+                console=progress_console(),
+                disable=not progress_enabled(quiet),
             ) as progress:
                 task = progress.add_task(label, total=total)
                 while chunk := resp.read(1 << 20):
                     out.write(chunk)
                     digest.update(chunk)
                     progress.advance(task, len(chunk))
+    except FetchError:
+        raise
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise FetchError(f"download of {label} failed: {exc}", hint="run the command again") from exc
+        raise FetchError(f"download of {label} failed: {_redact_text(str(exc), url)}",
+                         hint="run the command again") from exc
     except Exception as exc:  # http.client.IncompleteRead and friends
-        raise FetchError(f"download of {label} interrupted: {exc!r}", hint="run the command again") from exc
+        raise FetchError(f"download of {label} interrupted: {_redact_text(repr(exc), url)}",
+                         hint="run the command again") from exc

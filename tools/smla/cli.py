@@ -5,40 +5,60 @@ exits with its own code (see smla.errors).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
 import logging
+import shutil
 import sys
 from pathlib import Path
 
 import click
 
+from smla import __version__, cache, lock, report, series, source
 from smla import apply as apply_mod
 from smla import export as export_mod
-from smla import report, series, source
 from smla import status as status_mod
-from smla.errors import SmlaError
-from smla.project import Project
+from smla import treestate
+from smla.errors import NotInSync, SmlaError, UsageError, cmd
+from smla.project import TREE_ENV, Project
 
 
 def _handle_errors(fn):
+    """Catch SmlaError once: `error:` + `hint:` on stderr (or one JSON object on stdout under --json),
+    exit with the error's code. Download progress is off under --json."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        as_json = bool(kwargs.get("as_json"))
         try:
-            return fn(*args, **kwargs)
+            with cache.no_progress() if as_json else contextlib.nullcontext():
+                return fn(*args, **kwargs)
         except SmlaError as exc:
-            click.secho(f"error: {exc.message}", fg="red", err=True)
-            if exc.hint:
-                click.echo(f"hint: {exc.hint}", err=True)
+            if as_json:
+                click.echo(report.to_json(exc.to_dict()), nl=False)
+            else:
+                click.secho(f"error: {exc.message}", fg="red", err=True)
+                if exc.hint:
+                    click.echo(f"hint: {exc.hint}", err=True)
             sys.exit(exc.exit_code)
 
     return wrapper
 
 
+def _locked(fn):
+    """Run the command holding the work tree's lock (smla.lock)."""
+    @functools.wraps(fn)
+    def wrapper(c, *args, **kwargs):
+        with lock.hold(c.tree):
+            return fn(c, *args, **kwargs)
+
+    return wrapper
+
+
 class Ctx:
-    def __init__(self, root: Path | None, tree: Path | None):
+    def __init__(self, root: Path | None, tree: Path | None, verbose: int):
         self._root = root
         self._tree = tree
+        self.verbose = verbose
 
     @functools.cached_property
     def project(self) -> Project:
@@ -50,25 +70,72 @@ class Ctx:
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
-tree_help = "vLLM work tree (default: <root>/work/vllm, or $SMLA_TREE)."
+tree_help = f"vLLM work tree (default: <root>/work/vllm, or ${TREE_ENV})."
+root_help = "Toolkit checkout (default: $SMLA_ROOT, else found from the current directory)."
+verbose_help = "Log every git/subprocess command (-v) and debug detail (-vv)."
+
+
+def _log_level(verbose: int) -> int:
+    return logging.WARNING if not verbose else logging.INFO if verbose == 1 else logging.DEBUG
+
+
+def _set_root(ctx, _param, value):
+    if value is not None:
+        ctx.ensure_object(Ctx)._root = value
+
+
+def _set_tree(ctx, _param, value):
+    if value is not None:
+        ctx.ensure_object(Ctx)._tree = value
+
+
+def _add_verbose(ctx, _param, value):
+    if value:
+        c = ctx.ensure_object(Ctx)
+        c.verbose += value
+        logging.getLogger().setLevel(_log_level(c.verbose))
+
+
+def global_options(*, tree: bool = True):
+    """--root, --tree and -v on a subcommand too: `smla status --tree X` = `smla --tree X status`."""
+    opts = [
+        click.option("--root", type=click.Path(file_okay=False, path_type=Path), expose_value=False,
+                     callback=_set_root, help=root_help),
+        click.option("-v", "--verbose", count=True, expose_value=False, callback=_add_verbose, help=verbose_help),
+    ]
+    if tree:
+        opts.append(click.option("--tree", type=click.Path(file_okay=False, path_type=Path), expose_value=False,
+                                 callback=_set_tree, help=tree_help))
+
+    def deco(fn):
+        for opt in opts:
+            fn = opt(fn)
+        return fn
+
+    return deco
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--root", type=click.Path(file_okay=False, path_type=Path), help="Toolkit checkout (default: found from cwd).")
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), help=root_help)
 @click.option("--tree", type=click.Path(file_okay=False, path_type=Path), help=tree_help)
-@click.option("-v", "--verbose", count=True, help="Log every git/subprocess command (-v) and debug detail (-vv).")
-@click.version_option(package_name="vllm-sparse-mla")
+@click.option("-v", "--verbose", count=True, help=verbose_help)
+@click.version_option(__version__, prog_name="smla")
 @click.pass_context
 def main(ctx, root, tree, verbose):
     """Keep the sparse-MLA patch series for vLLM applied, exported and rebased.
 
     Typical use: `smla patch` (fetch the pinned vLLM and apply patches/series),
     edit and commit in the work tree, `smla export`, `smla status`.
+    --root, --tree and -v go before or after the command name
+    (`explain --tree` is explain's own option: give the work tree before `explain`).
     Cache: $SMLA_CACHE_DIR (default ~/.cache/vllm-sparse-mla).
     """
-    level = logging.WARNING if not verbose else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
-    ctx.obj = Ctx(root, tree)
+    logging.basicConfig(level=_log_level(verbose), format="%(message)s", stream=sys.stderr)
+    ctx.obj = Ctx(root, tree, verbose)
+
+
+def _series(c: Ctx, *, allow_empty: bool = False) -> series.Series:
+    return series.load(c.project.patches_dir, allow_empty=allow_empty)
 
 
 @main.command()
@@ -78,13 +145,20 @@ def main(ctx, root, tree, verbose):
 @click.option("--force", is_flag=True,
               help="Replace an existing work tree (refused while it holds work not in patches/).")
 @click.option("--discard", is_flag=True, help="With --force: replace it even if that loses unexported work.")
+@global_options()
 @pass_ctx
 @_handle_errors
+@_locked
 def fetch(c: Ctx, source_, force, discard):
     """Make a git work tree of vLLM at the pinned commit (tag smla-base)."""
-    if force and not discard and c.tree.is_dir():
-        status_mod.check_replaceable(c.tree, series.load(c.project.patches_dir, allow_empty=True))
-    source.fetch(c.project.pin(), c.tree, source_, force=force, echo=click.echo)
+    if discard and not force:
+        raise UsageError("--discard only goes with --force (it lets --force throw away unexported work)",
+                         hint=f"{cmd('smla', 'fetch', '--force', '--discard')}")
+    guard = None
+    if force and not discard:
+        s = _series(c, allow_empty=True)
+        guard = lambda tree: treestate.check_replaceable(tree, s)  # noqa: E731
+    source.fetch(c.project.pin(), c.tree, source_, force=force, echo=click.echo, guard=guard)
 
 
 @main.command("apply")
@@ -92,15 +166,19 @@ def fetch(c: Ctx, source_, force, discard):
 @click.option("--fuzz", type=click.IntRange(0, 2), default=0, show_default=True,
               help="Context lines per hunk edge allowed to differ.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
+@global_options()
 @pass_ctx
 @_handle_errors
+@_locked
 def apply_cmd(c: Ctx, force, fuzz, as_json):
     """Apply patches/series to the work tree: all or nothing, one commit per patch.
 
     Rerunning is a no-op; patches whose change is already in the source are
-    reported as `upstream` and skipped.
+    reported as `upstream` and skipped. When patches/ changed since the tree
+    was built (and the tree holds no unexported commits), the patch commits
+    are rebuilt from the base and the changed patches are named.
     """
-    s = series.load(c.project.patches_dir)
+    s = _series(c)
     echo = (lambda *_: None) if as_json else click.echo
     result = apply_mod.apply_series(s, c.tree, force=force, fuzz=fuzz, echo=echo)
     if as_json:
@@ -112,11 +190,13 @@ def apply_cmd(c: Ctx, force, fuzz, as_json):
 @main.command()
 @click.option("--source", "source_", default="auto", show_default=True, metavar="auto|git|sdist|PATH",
               help="As for `fetch`.")
+@global_options()
 @pass_ctx
 @_handle_errors
+@_locked
 def patch(c: Ctx, source_):
     """fetch + apply: the pinned vLLM with the series applied (what `make patch` runs)."""
-    s = series.load(c.project.patches_dir)
+    s = _series(c)
     source.fetch(c.project.pin(), c.tree, source_, echo=click.echo)
     apply_mod.apply_series(s, c.tree, echo=click.echo)
     click.echo(f"patched tree: {c.tree}")
@@ -124,27 +204,66 @@ def patch(c: Ctx, source_):
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--check", is_flag=True,
+              help=f"Exit {NotInSync.exit_code} unless the tree is at the pin and equals patches/ (for CI).")
+@global_options()
 @pass_ctx
 @_handle_errors
-def status(c: Ctx, as_json):
-    """Base commit, applied patches, and local edits not yet exported."""
-    s = series.load(c.project.patches_dir, allow_empty=True)
+def status(c: Ctx, as_json, check):
+    """Base commit, per-patch state, local edits, and what to run next.
+
+    Tells "patches/ is newer than the tree" (run `smla apply`) from "the tree
+    has edits not yet exported" (run `smla export`) and from both.
+    Exit 0; with --check, exit 7 unless tree and series agree.
+    """
+    s = _series(c, allow_empty=True)
     data = status_mod.status(c.project.pin(), c.tree, s)
-    click.echo(report.to_json(data) if as_json else report.status_text(data), nl=False)
+    click.echo(report.to_json(data) if as_json else status_mod.text(data), nl=False)
+    if check and not data["in_sync"]:
+        click.echo(f"error: the work tree does not equal patches/ ({data['state']})", err=True)
+        sys.exit(NotInSync.exit_code)
 
 
 @main.command()
 @click.option("--allow-dirty", is_flag=True, help="Export even though uncommitted changes exist (they are not exported).")
 @click.option("--prune", is_flag=True,
               help="Drop listed patches that no commit carries (e.g. merged upstream); refused otherwise.")
+@click.option("--force", is_flag=True,
+              help="Write the tree's commits even over patches changed in patches/ since the tree was built.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@global_options()
 @pass_ctx
 @_handle_errors
-def export(c: Ctx, allow_dirty, prune, as_json):
+@_locked
+def export(c: Ctx, allow_dirty, prune, force, as_json):
     """Regenerate patches/*.patch and patches/series from the commits above the base."""
-    result = export_mod.export(c.tree, c.project.patches_dir, allow_dirty=allow_dirty, prune=prune)
+    result = export_mod.export(c.tree, c.project.patches_dir, allow_dirty=allow_dirty, prune=prune, force=force)
     data = result.to_dict()
     click.echo(report.to_json(data) if as_json else report.export_text(data), nl=False)
+
+
+@main.command()
+@click.option("--discard", is_flag=True, help="Remove it even if it holds work not in patches/.")
+@global_options()
+@pass_ctx
+@_handle_errors
+@_locked
+def clean(c: Ctx, discard):
+    """Remove the work tree (what `make clean` runs); refused while it holds work not in patches/."""
+    tree = c.tree
+    if not tree.exists():
+        click.echo(f"no work tree at {tree}; nothing to remove")
+        return
+    if not discard:
+        if source.read_tree_info(tree) is None and tree.is_dir() and any(tree.iterdir()):
+            raise UsageError(f"{tree} is not an smla work tree; refusing to remove it",
+                             hint="remove it yourself if you mean it")
+        if source.rebase_in_progress(tree):
+            raise UsageError(f"a `smla rebase` is stopped in {tree}",
+                             hint=f"{cmd('smla', 'rebase', '--abort')} first, or add --discard")
+        treestate.check_replaceable(tree, _series(c, allow_empty=True))
+    shutil.rmtree(tree)
+    click.echo(f"removed {tree}")
 
 
 @main.command("build-wheel")
@@ -161,8 +280,10 @@ def export(c: Ctx, allow_dirty, prune, as_json):
 @click.option("--allow-unexported", is_flag=True,
               help="Build even though the tree's commits differ from patches/ (the label may then lie).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@global_options()
 @pass_ctx
 @_handle_errors
+@_locked
 def build_wheel(c: Ctx, base_wheel, from_source, full_cuda_build, python, out_dir, allow_unexported, as_json):
     """A vLLM wheel with the series in it, version <release>+sparsemla.<series hash>.
 
@@ -201,10 +322,14 @@ def build_wheel(c: Ctx, base_wheel, from_source, full_cuda_build, python, out_di
 @click.option("--test", "run_tests", is_flag=True, help="Run the CPU suite against the rebased tree.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Write rebase-report.{json,md,txt} there.")
+              help="Write <name>.{json,md,txt} there (remembered: --continue/--abort report there too).")
+@click.option("--report-name", metavar="NAME",
+              help="Report file name without suffix (default rebase-report; `auto`: rebase-<old>-to-<new>).")
+@global_options()
 @pass_ctx
 @_handle_errors
-def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, as_json, report_dir):
+@_locked
+def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, as_json, report_dir, report_name):
     """Carry the series onto a newer vLLM (three-way), update the pin, re-export patches/.
 
     Exit 0: rebased cleanly; 11: stopped on a conflict (resolve, then --continue,
@@ -216,15 +341,18 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
     if sum(map(bool, (onto, continue_, abort))) != 1:
         raise UsageError("give exactly one of --onto COMMIT|VERSION, --continue, --abort")
     echo = (lambda *_: None) if as_json else click.echo
+    reports = dict(report_dir=report_dir, report_name=report_name)
     if abort:
-        result = rebase_mod.abort(c.project, c.tree, echo=echo)
+        result = rebase_mod.abort(c.project, c.tree, echo=echo, **reports)
     elif continue_:
-        result = rebase_mod.continue_(c.project, c.tree, run_tests=run_tests, echo=echo)
+        result = rebase_mod.continue_(c.project, c.tree, run_tests=run_tests, echo=echo, **reports)
     else:
         result = rebase_mod.start(c.project, c.tree, onto, source_spec=source_, upstream_commit=upstream_commit,
-                                  run_tests=run_tests, echo=echo)
-    if report_dir:
-        rebase_mod.write_reports(result, report_dir)
+                                  run_tests=run_tests, echo=echo, **reports)
+    if result.report_dir:
+        written = rebase_mod.write_reports(result, Path(result.report_dir), result.report_name, root=c.project.root)
+        if not as_json:
+            click.echo(f"report: {', '.join(str(p) for p in written)}", err=True)
     click.echo(report.to_json(result.to_dict()) if as_json else rebase_mod.text(result), nl=False)
     result.raise_for_status()
 
@@ -249,6 +377,7 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
 @click.option("--matrix", is_flag=True,
               help="Instead of one case: every capability x dtype x KV-cache dtype x heads per GPU, as a table.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@global_options(tree=False)
 @pass_ctx
 @_handle_errors
 def explain(c: Ctx, model, capability, dtype, kv_cache_dtype, heads, tp, tree_spec, backend, matrix, as_json):

@@ -5,6 +5,9 @@ The CLI catches `SmlaError` once and prints `error: <message>` plus a `hint:`.
 """
 from __future__ import annotations
 
+import os
+import shlex
+
 
 class SmlaError(Exception):
     """Base class; `exit_code` is what the CLI exits with."""
@@ -18,6 +21,16 @@ class SmlaError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+    def to_dict(self) -> dict:
+        """What `--json` prints for this error."""
+        return {"error": {"kind": type(self).__name__, "message": self.message, "hint": self.hint,
+                          "exit_code": self.exit_code}}
+
+
+def cmd(*argv: str | os.PathLike) -> str:
+    """A shell command for a hint, quoted so it can be pasted: `git -C '/my tree' log`."""
+    return "`" + shlex.join(os.fspath(a) for a in argv) + "`"
 
 
 class UsageError(SmlaError):
@@ -84,3 +97,20 @@ class CommandError(SmlaError):
     """An external command failed unexpectedly."""
 
     exit_code = 12
+
+
+class TestsFailed(SmlaError):
+    """The command itself worked, but the test suite it ran failed."""
+
+    __test__ = False  # not a pytest test class
+    exit_code = 13
+
+
+class LockError(SmlaError):
+    """Another smla run holds the work tree's lock."""
+
+    exit_code = 14
+
+
+class NotInSync(TreeStateError):
+    """`status --check`: the tree and patches/ disagree (exit code of TreeStateError)."""

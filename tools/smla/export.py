@@ -5,6 +5,11 @@ no signature, unnumbered subjects, 12-digit abbreviations, no user config;
 files are numbered by position (NNNN-subject.patch), written atomically,
 identical files are left untouched, stale ones are removed, and `series`
 lists them in order. An export with nothing to export is refused.
+
+Guards (smla.treestate): export refuses when patches/ changed since the tree
+was built (a pulled patch would be overwritten with the tree's older commit)
+unless `force`, and refuses to drop a listed patch no commit carries unless
+`prune` (or `force`). Afterwards the tree's record says it equals patches/.
 """
 from __future__ import annotations
 
@@ -12,23 +17,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from smla import proc
-from smla.apply import commits_above_base, dirty_files, require_tree
-from smla.errors import ExportError, SeriesError, TreeStateError
+from smla import lock, proc, treestate
+from smla.apply import require_tree
+from smla.errors import ExportError, SeriesError, TreeStateError, cmd
 from smla.fsutil import atomic_write_bytes, atomic_write_text
-from smla.series import SERIES_FILE, parse_patch, read_series_file
+from smla.series import SERIES_FILE, load
 from smla.source import BASE_TAG
-
-FORMAT_PATCH_ARGS = (
-    "format-patch",
-    "--zero-commit",
-    "--no-signature",
-    "--no-numbered",
-    "--abbrev=12",
-    "--no-cover-letter",
-    "--no-thread",
-)
-
+from smla.treestate import FORMAT_PATCH_ARGS, commits_above_base, dirty_files
 
 @dataclass
 class ExportResult:
@@ -62,10 +57,17 @@ def render(tree: Path) -> dict[str, bytes]:
 
 
 def export(
-    tree: Path, patches_dir: Path, *, allow_dirty: bool = False, prune: bool = False, during_rebase: bool = False
+    tree: Path, patches_dir: Path, *, allow_dirty: bool = False, prune: bool = False, force: bool = False,
+    during_rebase: bool = False,
 ) -> ExportResult:
-    """Write the commits above the base as patches/. Refuses to drop a listed
-    patch that no commit carries (not applied yet, or gone upstream) unless `prune`."""
+    """Write the commits above the base as patches/ (see the module doc for the guards)."""
+    with lock.hold(tree):
+        return _export_locked(tree, patches_dir, allow_dirty=allow_dirty, prune=prune, force=force,
+                              during_rebase=during_rebase)
+
+
+def _export_locked(tree: Path, patches_dir: Path, *, allow_dirty: bool, prune: bool, force: bool,
+                   during_rebase: bool) -> ExportResult:
     require_tree(tree, during_rebase=during_rebase)
     dirty = dirty_files(tree)
     if dirty and not allow_dirty:
@@ -74,14 +76,8 @@ def export(
             hint="commit them in the work tree (one commit per concern), then export again",
         )
     rendered = render(tree)
-    if not prune:
-        dropped = _dropped(patches_dir, tree)
-        if dropped:
-            raise ExportError(
-                f"export would drop {', '.join(dropped)} from the series: no commit above the base in {tree} carries "
-                + ("it" if len(dropped) == 1 else "them"),
-                hint="apply the series first (`smla apply`), or pass --prune to drop them (e.g. merged upstream)",
-            )
+    if not force:
+        _check_nothing_lost(tree, patches_dir, prune)
     result = ExportResult(patches_dir, list(rendered))
     patches_dir.mkdir(parents=True, exist_ok=True)
     for name, data in rendered.items():
@@ -94,23 +90,35 @@ def export(
             stale.unlink()
             result.removed.append(stale.name)
     atomic_write_text(patches_dir / SERIES_FILE, "".join(f"{n}\n" for n in rendered))
+    commits = commits_above_base(tree)
+    if len(commits) == len(rendered):  # format-patch skips empty and merge commits: then no record
+        treestate.record(tree, load(patches_dir, allow_empty=True), dict(zip(rendered, (c for c, _ in commits))))
     return result
 
 
-def _dropped(patches_dir: Path, tree: Path) -> list[str]:
-    """Listed patches whose subject no commit above the base has."""
+def _check_nothing_lost(tree: Path, patches_dir: Path, prune: bool) -> None:
+    """Refuse to overwrite patches changed since the tree was built, or to drop listed ones."""
     try:
-        names = read_series_file(patches_dir)
+        current = load(patches_dir, allow_empty=True)
     except SeriesError:
-        return []  # no (valid) series yet: nothing to lose
+        return  # no (valid) series yet: nothing to lose
+    st = treestate.compare(tree, current)
+    if st.patches_newer:
+        raise ExportError(
+            f"patches/ changed since the tree {tree} was built ({st.changed_text()}); exporting would "
+            "overwrite them with the tree's older commits",
+            hint=(treestate.both_ways_out(st) if st.edited else
+                  f"run {cmd('smla', 'apply')} to rebuild the tree from patches/ first; or "
+                  f"{cmd('smla', 'export', '--force')} to overwrite them with the tree's commits"),
+        )
+    # A patch whose commit was edited keeps its Subject (and is rewritten); one whose Subject no
+    # commit has any more would disappear from patches/.
     subjects = {s for _, s in commits_above_base(tree)}
-    dropped = []
-    for name in names:
-        path = patches_dir / name
-        try:
-            subject = parse_patch(path).subject if path.is_file() else None
-        except SeriesError:
-            subject = None
-        if subject is None or subject not in subjects:
-            dropped.append(name)
-    return dropped
+    dropped = [p.name for p in current.patches if p.name not in st.carried and p.subject not in subjects]
+    if dropped and not prune:
+        raise ExportError(
+            f"export would drop {', '.join(dropped)} from the series: no commit above the base in {tree} carries "
+            + ("it" if len(dropped) == 1 else "them"),
+            hint=f"apply the series first ({cmd('smla', 'apply')}), or pass --prune to drop "
+                 + ("it" if len(dropped) == 1 else "them") + " (e.g. merged upstream)",
+        )

@@ -20,7 +20,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> bool:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; use normal permissions
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; use normal permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -28,7 +28,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> bool:
     return True
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process umask (read without changing it for good)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -5,6 +5,13 @@ unknown keys, a malformed commit or checksum, or a missing key are errors
 that name the file and line. `sdist = none` with `sdist_sha256 = none` says
 that no release sdist holds the pinned commit (a nightly after
 `smla rebase --onto <commit>`): such a pin is fetched with git only.
+
+`commit_kind` (optional, default `full`) says whether `commit` is the full
+40-hex id or `abbreviated`: the 7-39 hex digits a release sdist records in
+vllm/_version.py, written when `smla rebase --onto <release>` could not
+resolve the full id (PyPI access alone). An abbreviated commit is allowed
+only with an sdist: the sdist's sha256 then identifies the source, and
+everything that needs the full id (a git fetch) says so.
 """
 from __future__ import annotations
 
@@ -15,8 +22,12 @@ from pathlib import Path
 from smla.errors import PinError
 
 KEYS = ("repo", "commit", "version", "sdist", "sdist_sha256")
+OPTIONAL_KEYS = {"commit_kind": "full"}  # key -> default when absent
 NONE = "none"
+FULL = "full"
+ABBREVIATED = "abbreviated"
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_HEX_ABBREV = re.compile(r"^[0-9a-f]{7,39}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*([a-z0-9.+-]*)$")
 
@@ -28,10 +39,19 @@ class Pin:
     version: str
     sdist: str
     sdist_sha256: str
+    commit_kind: str = FULL
 
     @property
     def has_sdist(self) -> bool:
         return self.sdist != NONE
+
+    @property
+    def commit_is_full(self) -> bool:
+        return self.commit_kind == FULL
+
+    def commit_label(self) -> str:
+        """The commit for messages: 12 hex digits, or the abbreviation marked as such."""
+        return self.short if self.commit_is_full else f"{self.commit} (abbreviated)"
 
     @property
     def short(self) -> str:
@@ -43,8 +63,19 @@ class Pin:
         return new
 
     def validate(self, where: str) -> None:
-        if not _HEX40.match(self.commit):
-            raise PinError(f"{where}: commit must be 40 lowercase hex digits, got {self.commit!r}")
+        if self.commit_kind not in (FULL, ABBREVIATED):
+            raise PinError(f"{where}: commit_kind must be {FULL!r} or {ABBREVIATED!r}, got {self.commit_kind!r}")
+        if self.commit_kind == FULL and not _HEX40.match(self.commit):
+            raise PinError(f"{where}: commit must be 40 lowercase hex digits, got {self.commit!r}"
+                           + (" (an abbreviated id needs `commit_kind = abbreviated`)"
+                              if _HEX_ABBREV.match(self.commit) else ""))
+        if self.commit_kind == ABBREVIATED:
+            if not _HEX_ABBREV.match(self.commit):
+                raise PinError(f"{where}: an abbreviated commit must be 7-39 lowercase hex digits, "
+                               f"got {self.commit!r}")
+            if self.sdist == NONE:
+                raise PinError(f"{where}: an abbreviated commit needs an sdist (its sha256 identifies the "
+                               "source); a commit pin needs the full 40-hex id")
         if not _VERSION.match(self.version):
             raise PinError(f"{where}: version {self.version!r} is not a release version")
         if self.repo.startswith("-"):
@@ -75,8 +106,8 @@ def load(path: Path) -> Pin:
         if "=" not in line:
             raise PinError(f"{path}:{lineno}: expected 'key = value', got {raw.strip()!r}")
         key, value = (part.strip() for part in line.split("=", 1))
-        if key not in KEYS:
-            raise PinError(f"{path}:{lineno}: unknown key {key!r} (known: {', '.join(KEYS)})")
+        if key not in KEYS and key not in OPTIONAL_KEYS:
+            raise PinError(f"{path}:{lineno}: unknown key {key!r} (known: {', '.join((*KEYS, *OPTIONAL_KEYS))})")
         if key in values:
             raise PinError(f"{path}:{lineno}: duplicate key {key!r}")
         values[key] = value
@@ -94,14 +125,27 @@ def save(path: Path, pin: Pin) -> None:
 
     lines = path.read_text().splitlines(keepends=True)
     new_values = {f.name: getattr(pin, f.name) for f in fields(pin)}
-    out = []
+    out: list[str] = []
+    seen = set()
+    commit_at = None
     for raw in lines:
         body = raw.split("#", 1)[0]
         if "=" in body:
             key = body.split("=", 1)[0].strip()
             if key in new_values:
+                seen.add(key)
                 comment = raw[len(body):].rstrip("\n")
                 out.append(f"{key} = {new_values[key]}{(' ' + comment) if comment else ''}\n")
+                if key == "commit":
+                    commit_at = len(out)
                 continue
         out.append(raw)
+    # An optional key absent from the file is added (after `commit`) only when not at its default.
+    for key, default in OPTIONAL_KEYS.items():
+        if key not in seen and new_values[key] != default:
+            line = f"{key} = {new_values[key]}\n"
+            if commit_at is None:
+                out.append(line)
+            else:
+                out.insert(commit_at, line)
     atomic_write_text(path, "".join(out))

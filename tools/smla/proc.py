@@ -1,21 +1,27 @@
-"""The one place where the toolkit runs other programs.
+"""The one place where the toolkit runs other programs, git included.
 
-Every git call and every subprocess goes through `run` (argument lists only,
-never a shell), which logs the command line before running it. Git also
-gets a fixed identity and neutral config so results do not depend on the
-user's ~/.gitconfig.
+Every subprocess goes through `run` (argument lists only, never a shell),
+which logs the command line before running it. `git` is `run` with:
+- a scrubbed environment: every inherited GIT_* variable is dropped except
+  a few that only tune transport or tracing (GIT_SSH_COMMAND, GIT_TRACE...),
+  so a GIT_DIR / GIT_WORK_TREE / GIT_INDEX_FILE / GIT_CONFIG_* set by a hook
+  or the user's shell never redirects smla to another repository;
+- no system or global git config, a fixed identity and neutral options, so
+  results do not depend on ~/.gitconfig.
+`scratch_worktree` is the one way to get a throw-away checkout of a tree's
+commit (apply, rebase and build-wheel use it).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-
-import git as gitpython
 
 from smla.errors import CommandError
 
@@ -42,6 +48,25 @@ GIT_NEUTRAL_CONFIG = (
     "-c", "init.defaultBranch=smla",
     "-c", "gc.auto=0",
 )
+# Inherited GIT_* variables that may pass: transport and tracing only. Everything
+# else (GIT_DIR, GIT_WORK_TREE, GIT_INDEX_FILE, GIT_OBJECT_DIRECTORY, GIT_CONFIG_*,
+# GIT_NAMESPACE, GIT_CEILING_DIRECTORIES, ...) could point git elsewhere.
+GIT_ENV_KEEP = frozenset({
+    "GIT_SSH", "GIT_SSH_COMMAND", "GIT_SSH_VARIANT", "GIT_ASKPASS", "GIT_PROXY_COMMAND",
+    "GIT_SSL_CAINFO", "GIT_SSL_CAPATH", "GIT_HTTP_LOW_SPEED_LIMIT", "GIT_HTTP_LOW_SPEED_TIME",
+    "GIT_TRACE", "GIT_TRACE2", "GIT_TRACE2_EVENT", "GIT_TRACE_PACKET", "GIT_CURL_VERBOSE",
+})
+
+
+def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment every git command gets: os.environ without redirecting GIT_*
+    variables, plus the toolkit's identity and config isolation, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in GIT_ENV_KEEP}
+    env.update(GIT_IDENTITY)
+    env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull})
+    if extra:
+        env.update(extra)
+    return env
 
 
 def run(
@@ -52,17 +77,17 @@ def run(
     check: bool = True,
     timeout: float | None = None,
     input: str | None = None,
+    replace_env: bool = False,
 ) -> subprocess.CompletedProcess:
     """Run `argv` (no shell), capture text output, log the command line.
 
+    `env` is added to os.environ (or used as is with replace_env=True).
     With check=True a non-zero exit raises CommandError naming the command and
     its stderr; callers that interpret failures pass check=False.
     """
     args = [os.fspath(a) for a in argv]
     log.info("$ %s%s", shlex.join(args), f"   (in {cwd})" if cwd else "")
-    full_env = dict(os.environ)
-    if env:
-        full_env.update(env)
+    full_env = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
     try:
         proc = subprocess.run(
             args,
@@ -70,12 +95,14 @@ def run(
             env=full_env,
             capture_output=True,
             text=True,
+            encoding="utf-8",
+            errors="surrogateescape",
             check=False,
             timeout=timeout,
             input=input,
         )
     except FileNotFoundError as exc:
-        raise CommandError(f"program not found: {args[0]}") from exc
+        raise CommandError(f"program not found: {args[0]}", hint=f"install {args[0]}") from exc
     except subprocess.TimeoutExpired as exc:
         raise CommandError(f"timed out after {timeout:.0f}s: {shlex.join(args)}") from exc
     if proc.returncode != 0:
@@ -96,50 +123,33 @@ def git(
     timeout: float | None = None,
     input: str | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run `git <args>` in `cwd` through GitPython, logged like `run`.
+    """Run `git <args>` in `cwd` (through `run`, with `git_env`).
 
-    The toolkit's identity and neutral config are always set. `--` must
-    separate user-supplied paths or revisions from options; callers never
-    pass user strings in option position.
+    `--` must separate user-supplied paths or revisions from options; callers
+    never pass user strings in option position.
     """
     argv = ["git", *GIT_NEUTRAL_CONFIG, *(os.fspath(a) for a in args)]
-    log.info("$ git %s   (in %s)", shlex.join(argv[1 + len(GIT_NEUTRAL_CONFIG):]), cwd)
-    # No system or global config: user settings (format.*, diff.*) never leak in.
-    full_env = {**GIT_IDENTITY, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1",
-                "GIT_CONFIG_GLOBAL": os.devnull}
-    if env:
-        full_env.update(env)
-    istream = None
-    if input is not None:
-        istream = tempfile.TemporaryFile()
-        istream.write(input.encode())
-        istream.seek(0)
-    try:
-        status, out, err = gitpython.Git(os.fspath(cwd)).execute(
-            argv,
-            with_extended_output=True,
-            with_exceptions=False,
-            strip_newline_in_stdout=False,
-            env=full_env,
-            kill_after_timeout=timeout,
-            istream=istream,
-        )
-    except gitpython.exc.GitCommandNotFound as exc:
-        raise CommandError("program not found: git", hint="install git") from exc
-    finally:
-        if istream is not None:
-            istream.close()
-    status = status or 0
-    if status != 0:
-        log.debug("exit %d; stderr: %s", status, err.strip())
-        if check:
-            raise CommandError(
-                f"command failed (exit {status}): {shlex.join(argv)}\n"
-                f"{err.strip() or out.strip()}"
-            )
-    return subprocess.CompletedProcess(argv, status, out, err)
+    return run(argv, cwd=cwd, env=git_env(env), check=check, timeout=timeout, input=input, replace_env=True)
 
 
 def git_out(cwd: Path | str, *args: str | os.PathLike) -> str:
     """`git <args>` stdout, stripped."""
     return git(cwd, *args).stdout.strip()
+
+
+@contextlib.contextmanager
+def scratch_worktree(tree: Path, rev: str, *, prefix: str, parent: Path | None = None,
+                     checkout: bool = True) -> Iterator[Path]:
+    """A detached `git worktree` of `tree` at `rev` in a fresh directory (beside
+    the tree unless `parent`), removed with its administrative files afterwards."""
+    base = parent or tree.parent
+    base.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    scratch.rmdir()
+    git(tree, "worktree", "add", "-q", "--detach", *(() if checkout else ("--no-checkout",)), scratch, rev)
+    try:
+        yield scratch
+    finally:
+        git(tree, "worktree", "remove", "--force", scratch, check=False)
+        shutil.rmtree(scratch, ignore_errors=True)
+        git(tree, "worktree", "prune", check=False)

@@ -9,6 +9,9 @@ from smla import pin as pin_mod
 from smla.errors import UsageError
 
 PIN_FILE = "vllm-pin.txt"
+# The one environment variable naming the vLLM work tree (CLI, tests, rebase --test, bench).
+TREE_ENV = "SMLA_TREE"
+ROOT_ENV = "SMLA_ROOT"
 
 
 @dataclass(frozen=True)
@@ -18,8 +21,8 @@ class Project:
     @classmethod
     def discover(cls, root: Path | None = None) -> "Project":
         """--root, else $SMLA_ROOT, else the nearest parent of cwd holding vllm-pin.txt."""
-        if root is None and os.environ.get("SMLA_ROOT"):
-            root = Path(os.environ["SMLA_ROOT"])
+        if root is None and os.environ.get(ROOT_ENV):
+            root = Path(os.environ[ROOT_ENV])
         if root is not None:
             if not (root / PIN_FILE).is_file():
                 raise UsageError(f"{root} has no {PIN_FILE}")
@@ -43,7 +46,7 @@ class Project:
 
     @property
     def default_tree(self) -> Path:
-        return Path(os.environ.get("SMLA_TREE", self.root / "work" / "vllm"))
+        return Path(os.environ.get(TREE_ENV) or self.root / "work" / "vllm")
 
     @property
     def dist_dir(self) -> Path:

@@ -9,6 +9,8 @@ tree (no absolute paths, no `..`, no writes through symlinks).
 from __future__ import annotations
 
 import email
+import email.errors
+import email.header
 import email.policy
 import re
 from dataclasses import dataclass, field
@@ -166,13 +168,22 @@ def _diff_start(text: str) -> int:
 def _header(head: str, name: str) -> tuple[str, str]:
     msg = email.message_from_string(head.split("\n", 1)[1] if head.startswith("From ") else head,
                                     policy=email.policy.compat32)
-    subject = re.sub(r"\s+", " ", str(msg.get("Subject") or "")).strip()
+    subject = re.sub(r"\s+", " ", decode_header_value(msg.get("Subject") or "")).strip()
     subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
     if not subject:
         raise SeriesError(f"{name}: the patch header has no Subject (what the patch does)")
     payload = msg.get_payload()
     body = (payload if isinstance(payload, str) else "").split("\n---\n", 1)[0].strip()
     return subject, body
+
+
+def decode_header_value(raw: str) -> str:
+    """A mail header as text: RFC 2047 encoded-words (`=?UTF-8?q?...?=`, what `git format-patch`
+    writes for a non-ASCII Subject) decoded, folded lines joined."""
+    try:
+        return str(email.header.make_header(email.header.decode_header(str(raw))))
+    except (UnicodeDecodeError, LookupError, email.errors.HeaderParseError):
+        return str(raw)
 
 
 def _strip_prefix(name: str) -> str:

@@ -17,16 +17,19 @@ the tree's git config records which upstream commit and release it holds.
 from __future__ import annotations
 
 import logging
+import os
+import platform
 import re
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from smla import cache, proc
-from smla.errors import ChecksumError, CommandError, FetchError, TreeStateError
-from smla.fsutil import sha256_file
+from smla import cache, lock, proc
+from smla.errors import ChecksumError, CommandError, FetchError, TreeStateError, cmd
+from smla.fsutil import sha256_file, umask
 from smla.pin import Pin
 
 log = logging.getLogger("smla.source")
@@ -86,56 +89,100 @@ def rebase_in_progress(tree: Path) -> bool:
     return (rel if rel.is_absolute() else tree / rel).is_file()
 
 
-def fetch(pin: Pin, tree: Path, source: str = "auto", *, force: bool = False, echo=print) -> TreeInfo:
+def fetch(pin: Pin, tree: Path, source: str = "auto", *, force: bool = False, echo=print,
+          guard: Callable[[Path], None] | None = None) -> TreeInfo:
     """Ensure `tree` is a work tree at `pin`. Returns its TreeInfo.
 
-    With force, an existing smla tree at another commit is replaced; callers
-    check first that it holds no unsaved work (status.check_replaceable).
+    Holds the tree's lock (smla.lock) throughout. An existing tree is never
+    replaced without `force`; with `force`, `guard(tree)` (e.g.
+    treestate.check_replaceable) must not raise, and everything is checked
+    again after the temporary tree is filled, right before the swap.
     """
-    if tree.exists() and not tree.is_dir():
-        raise TreeStateError(f"{tree} is a file, not a work tree directory", hint="pass another --tree")
-    if rebase_in_progress(tree):
-        raise TreeStateError(
-            f"a `smla rebase` is stopped in {tree}",
-            hint="finish it with `smla rebase --continue` or undo it with `smla rebase --abort`",
-        )
-    info = read_tree_info(tree)
+    with lock.hold(tree):
+        return _fetch_locked(pin, tree, source, force=force, echo=echo, guard=guard)
+
+
+def _fetch_locked(pin: Pin, tree: Path, source: str, *, force: bool, echo, guard) -> TreeInfo:
+    info = _check_target(pin, tree, force, guard)
     if info is not None and not force:
-        if info.upstream_commit == pin.commit:
-            echo(f"work tree {tree} is already at vLLM {pin.version} ({pin.short}); nothing to fetch")
-            return info
-        raise TreeStateError(
-            f"work tree {tree} holds vLLM {info.version} ({info.upstream_commit[:12]}), "
-            f"but the pin is {pin.version} ({pin.short})",
-            hint="run `smla fetch --force` (or `make clean`) to replace it, or `smla rebase` to move the series",
-        )
-    if tree.exists() and info is None and any(tree.iterdir()):
-        raise TreeStateError(
-            f"{tree} exists and is not an smla work tree; refusing to touch it",
-            hint="choose another --tree, or remove that directory yourself",
-        )
+        echo(f"work tree {tree} is already at vLLM {pin.version} ({pin.short}); nothing to fetch")
+        return info
+
+    from smla import treestate  # (treestate imports this module)
 
     tree.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{tree.name}.", suffix=".fetching", dir=tree.parent))
+    old = None
     try:
         kind = _fill(pin, tmp, source, echo)
         proc.git(tmp, "config", "smla.upstream", pin.commit)
         proc.git(tmp, "config", "smla.version", pin.version)
         proc.git(tmp, "config", "smla.source", kind)
+        treestate.record_empty(tmp)
+        # Filling takes minutes: look again before touching what is at `tree` now.
+        again = _check_target(pin, tree, force, guard)
+        if again is not None and not force:
+            raise TreeStateError(f"{tree} was fetched by something else meanwhile; left it as it is")
         if tree.exists():
-            shutil.rmtree(tree)
+            old = Path(tempfile.mkdtemp(prefix=f".{tree.name}.", suffix=".replaced", dir=tree.parent))
+            old.rmdir()
+            tree.rename(old)
         tmp.rename(tree)
+        os.chmod(tree, 0o777 & ~umask())  # mkdtemp made it 0700
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     info = read_tree_info(tree)
     assert info is not None
     echo(f"fetched vLLM {pin.version} ({pin.short}) from {kind} into {tree}")
     return info
 
 
+def _check_target(pin: Pin, tree: Path, force: bool, guard) -> TreeInfo | None:
+    """What is at `tree` and whether fetch may proceed; the tree's info when it is an smla tree at
+    the pin (and not forced) or when force may replace it; None when nothing (or an empty dir) is there."""
+    if tree.exists() and not tree.is_dir():
+        raise TreeStateError(f"{tree} is a file, not a work tree directory", hint="pass another --tree")
+    if rebase_in_progress(tree):
+        raise TreeStateError(
+            f"a `smla rebase` is stopped in {tree}",
+            hint=f"finish it with {cmd('smla', 'rebase', '--continue')} or undo it with "
+                 f"{cmd('smla', 'rebase', '--abort')}",
+        )
+    info = read_tree_info(tree)
+    if info is not None and not force:
+        if info.upstream_commit == pin.commit:
+            return info
+        raise TreeStateError(
+            f"work tree {tree} holds vLLM {info.version} ({info.upstream_commit[:12]}), "
+            f"but the pin is {pin.version} ({pin.short})",
+            hint=f"run {cmd('smla', 'fetch', '--force')} to replace it (refused while it holds unexported work), "
+                 f"or {cmd('smla', 'rebase', '--onto', pin.version)} to move the series",
+        )
+    if tree.exists() and info is None and any(tree.iterdir()):
+        raise TreeStateError(
+            f"{tree} exists and is not an smla work tree; refusing to touch it",
+            hint="choose another --tree, or remove that directory yourself",
+        )
+    if info is not None and guard is not None:
+        guard(tree)
+    return info
+
+
 def _fill(pin: Pin, repo: Path, source: str, echo) -> str:
     """Populate the empty dir `repo`; return the source kind used."""
+    if not pin.commit_is_full and source in ("auto", "git"):  # git cannot fetch an abbreviated id
+        if source == "git":
+            raise FetchError(
+                f"the pin records only the abbreviated commit {pin.commit} (commit_kind = abbreviated): "
+                "a git fetch needs the full 40-hex id",
+                hint=f"use `--source sdist` (its sha256 identifies the source), or complete the pin with "
+                     f"`smla rebase --onto {pin.version} --upstream-commit <40-hex>`",
+            )
+        echo(f"the pin records only the abbreviated commit {pin.commit}; using the PyPI sdist {pin.sdist}")
+        source = "sdist"
     if source == "git":
         _from_git(pin.repo, pin.commit, repo)
         return "git"
@@ -157,7 +204,7 @@ def _fill(pin: Pin, repo: Path, source: str, echo) -> str:
             _from_sdist(pin, sdist_path(pin), repo)
             return "sdist"
     path = Path(source).expanduser()
-    if path.is_dir() and (path / ".git").exists() or path.suffix == ".git" and path.is_dir():
+    if is_local_repo(source):
         _from_git(str(path.resolve()), pin.commit, repo)
         return "git"
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
@@ -173,7 +220,7 @@ def sdist_path(pin: Pin) -> Path:
     if not pin.has_sdist:
         raise FetchError(
             f"the pinned commit {pin.short} is not a release: no sdist holds it (sdist = none)",
-            hint="fetch it with git: `smla fetch --source git`, or `--source PATH` of a mirror",
+            hint=f"fetch it with git: {cmd('smla', 'fetch', '--source', 'git')}, or --source PATH of a mirror",
         )
     dest = cache.cache_dir() / "downloads" / pin.sdist
     return cache.fetch(
@@ -181,20 +228,34 @@ def sdist_path(pin: Pin) -> Path:
     )
 
 
-def _from_git(url: str, commit: str, repo: Path) -> None:
-    proc.git(repo, "init", "-q")
+def is_local_repo(spec: str | Path) -> bool:
+    """True when `spec` is a local git checkout or bare repository/mirror (the one test for it)."""
+    p = Path(spec).expanduser()
+    return p.is_dir() and ((p / ".git").exists() or ((p / "HEAD").is_file() and (p / "objects").is_dir()))
+
+
+def fetch_commit(repo: Path, url: str, commit: str, *, unreachable_is_fatal: bool = False) -> None:
+    """Bring `commit` from `url` into `repo`: only that commit (shallow) when the server allows it,
+    else every branch. Raises FetchError when it cannot, or when `url` has no such commit.
+    (The one shallow-then-full fetch: fetch and rebase use it.)"""
+    if proc.git(repo, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode == 0:
+        return
     try:
         shallow = proc.git(repo, "fetch", "-q", "--depth", "1", "--", url, commit, check=False, timeout=1800)
         if shallow.returncode != 0:
-            if _unreachable(shallow.stderr):
+            if unreachable_is_fatal and _unreachable(shallow.stderr):
                 raise FetchError(shallow.stderr.strip().splitlines()[-1] if shallow.stderr.strip() else "git fetch failed")
             log.info("shallow fetch of %s refused; fetching the whole history", commit)
             proc.git(repo, "fetch", "-q", "--", url, "+refs/heads/*:refs/remotes/upstream/*", timeout=7200)
-        found = proc.git(repo, "cat-file", "-e", f"{commit}^{{commit}}", check=False)
-        if found.returncode != 0:
-            raise FetchError(f"commit {commit} is not in {url}", hint="check the pin's commit and repo")
     except CommandError as exc:
         raise FetchError(f"git fetch from {url} failed: {exc.message}") from exc
+    if proc.git(repo, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
+        raise FetchError(f"commit {commit} is not in {url}", hint="check the pin's commit and repo")
+
+
+def _from_git(url: str, commit: str, repo: Path) -> None:
+    proc.git(repo, "init", "-q")
+    fetch_commit(repo, url, commit, unreachable_is_fatal=True)
     proc.git(repo, "checkout", "-q", "-B", BRANCH, commit)
     proc.git(repo, "tag", BASE_TAG, commit)
 
@@ -207,6 +268,12 @@ def _unreachable(stderr: str) -> bool:
 
 def unpack_sdist(archive: Path, dest: Path) -> None:
     """Unpack an sdist's single top directory into `dest` (safe 'data' filter)."""
+    if not hasattr(tarfile, "data_filter"):  # Python < 3.10.12 / 3.11.4: no safe extraction filter
+        raise FetchError(
+            f"this Python ({platform.python_version()}) cannot unpack archives safely (tarfile has no "
+            "'data' filter)",
+            hint="use Python 3.10.12+, 3.11.4+ or 3.12+",
+        )
     with tempfile.TemporaryDirectory(dir=dest.parent) as scratch:
         try:
             with tarfile.open(archive) as tf:

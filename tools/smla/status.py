@@ -1,26 +1,56 @@
-"""`status`: where the work tree stands against the pin and the series."""
+"""`status`: where the work tree stands against the pin and the series.
+
+The comparison is smla.treestate's; this module only shapes it for humans
+(`text`) and for CI (`--json`, `--check`: exit 0 only when the tree is at the
+pin and equals patches/).
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
-from smla.apply import ALREADY, PENDING, dirty_files, match_series, require_tree, reverse_applies
-from smla.errors import ExportError, TreeStateError
-from smla.export import render
+from smla import treestate
+from smla.apply import ALREADY, PENDING, UPSTREAM, require_tree
+from smla.errors import cmd
 from smla.pin import Pin
 from smla.series import Series
-from smla.source import read_tree_info, rebase_in_progress
+from smla.source import rebase_in_progress
+from smla.treestate import check_replaceable  # noqa: F401  (the fetch --force guard lives in treestate)
+
+HEADLINES = {
+    treestate.IN_SYNC: "in sync: the tree's commits are exactly patches/",
+    treestate.PATCHES_NEWER: "patches/ is newer than the tree (it changed, or was not applied yet)",
+    treestate.TREE_EDITED: "the tree has edits not yet exported to patches/",
+    treestate.DIVERGED: "both changed: patches/ since the tree was built, and the tree since then",
+}
 
 
 def status(pin: Pin, tree: Path, series: Series) -> dict:
-    """A JSON-ready description of the tree: base, patches, local edits."""
+    """A JSON-ready description of the tree: base, patches, local edits, what to do next."""
     info = require_tree(tree, during_rebase=True)
-    applied, extra = match_series(series, tree)
+    st = treestate.compare(tree, series)
     patches = []
     for p in series.patches:
-        state = ALREADY if p.name in applied else PENDING
-        if state == PENDING and reverse_applies(tree, p):
-            state = "upstream"
-        patches.append({"name": p.name, "subject": p.subject, "state": state})
+        if p.name in st.carried:
+            state = ALREADY
+        elif p.name in st.upstream:
+            state = UPSTREAM
+        elif p.name in st.changed:
+            state = st.changed[p.name]  # "changed" or "new"
+        elif p.name in st.dropped:
+            state = "dropped"
+        elif p.name in st.pending:
+            state = PENDING
+        else:
+            state = "edited"  # its commit was rewritten in the tree
+        patches.append({"name": p.name, "subject": p.subject, "state": state, "commit": st.carried.get(p.name)})
+    stopped = rebase_in_progress(tree)
+    matches_pin = info.upstream_commit == pin.commit
+    hint = st.advice()
+    if stopped:
+        hint = (f"a rebase is stopped: finish it with {cmd('smla', 'rebase', '--continue')} "
+                f"or undo it with {cmd('smla', 'rebase', '--abort')}")
+    elif not matches_pin and not st.tree_work:
+        hint = f"the tree is not at the pin: {cmd('smla', 'fetch', '--force')} then {cmd('smla', 'apply')}"
     return {
         "tree": str(tree),
         "pin": {"commit": pin.commit, "version": pin.version},
@@ -28,40 +58,50 @@ def status(pin: Pin, tree: Path, series: Series) -> dict:
         "tree_version": info.version,
         "tree_source": info.source,
         "base": info.base,
-        "matches_pin": info.upstream_commit == pin.commit,
+        "matches_pin": matches_pin,
+        "state": st.kind,
+        "in_sync": st.in_sync and matches_pin and not stopped,
+        "recorded": st.has_record,
         "patches": patches,
-        "local_commits": [{"commit": c, "subject": s} for c, s in extra],
-        "uncommitted": dirty_files(tree),
-        "unexported": unexported(tree, series),
-        "rebase_in_progress": rebase_in_progress(tree),
+        "changed_patches": [{"name": n, "change": how} for n, how in st.changed.items()]
+        + [{"name": n, "change": "removed"} for n in st.removed],
+        "local_commits": [{"commit": c, "subject": s} for c, s in st.edited],
+        "stale_commits": [{"commit": c, "subject": s} for c, s in st.stale],
+        "unexported": [f"{c[:12]} {s}" for c, s in st.edited],
+        "uncommitted": st.uncommitted,
+        "hint": hint,
+        "rebase_in_progress": stopped,
     }
 
 
-def unexported(tree: Path, series: Series) -> list[str]:
-    """Patch names whose export from the tree's commits differs from patches/ (edited or new)."""
-    try:
-        rendered = render(tree)
-    except ExportError:  # no commits above the base
-        return []
-    on_disk = {p.name: p.path.read_bytes() for p in series.patches}
-    return sorted(n for n, data in rendered.items() if on_disk.get(n) != data)
-
-
-def unsaved_work(tree: Path, series: Series) -> list[str]:
-    """What replacing `tree` would lose: uncommitted edits and commits not exported to patches/."""
-    return [f"uncommitted change: {f}" for f in dirty_files(tree)] + [
-        f"committed but not exported: {n}" for n in unexported(tree, series)
+def text(s: dict) -> str:
+    lines = [
+        f"work tree   {s['tree']}",
+        f"base        {s['base'][:12]}  vLLM {s['tree_version']} ({s['tree_upstream_commit'][:12]}, "
+        f"from {s['tree_source']})",
+        f"pin         vLLM {s['pin']['version']} ({s['pin']['commit'][:12]})"
+        + ("" if s["matches_pin"] else "   <- the tree is NOT at the pin"),
+        f"state       {HEADLINES[s['state']]}",
+        "patches",
     ]
-
-
-def check_replaceable(tree: Path, series: Series) -> None:
-    """Refuse to replace a work tree that holds work not saved in patches/."""
-    if read_tree_info(tree) is None:
-        return
-    lost = unsaved_work(tree, series)
-    if lost:
-        raise TreeStateError(
-            f"work tree {tree} holds work that is not in patches/: " + "; ".join(lost[:5])
-            + (" ..." if len(lost) > 5 else ""),
-            hint="save it with `smla export` (commit first), or add --discard to throw it away",
-        )
+    lines += [f"  {p['state']:<16} {p['name']}" for p in s["patches"]]
+    removed = [c["name"] for c in s["changed_patches"] if c["change"] == "removed"]
+    if removed:
+        lines.append("removed from patches/ since the tree was built")
+        lines += [f"  {n}" for n in removed]
+    if s["stale_commits"]:
+        lines.append("commits made from an older patches/ (rebuilt by `smla apply`)")
+        lines += [f"  {c['commit'][:12]} {c['subject']}" for c in s["stale_commits"]]
+    if s["local_commits"]:
+        lines.append("commits not exported to patches/")
+        lines += [f"  {c['commit'][:12]} {c['subject']}" for c in s["local_commits"]]
+    if s["uncommitted"]:
+        lines.append("uncommitted changes in the tree")
+        lines += [f"  {f}" for f in s["uncommitted"][:20]]
+        if len(s["uncommitted"]) > 20:
+            lines.append(f"  ... and {len(s['uncommitted']) - 20} more")
+    if not (s["local_commits"] or s["uncommitted"]):
+        lines.append("no local edits")
+    if s["hint"]:
+        lines.append(f"hint: {s['hint']}")
+    return "\n".join(lines) + "\n"

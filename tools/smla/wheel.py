@@ -4,7 +4,7 @@ Overlay (the default): start from the official wheel of the pinned release
 (downloaded from PyPI into the cache, sha256-verified, or `--base-wheel`),
 replace or add exactly the files under `vllm/` that the commits above the
 base (`smla-base..HEAD`) change, delete the ones they delete, and relabel the
-result with a PEP 440 local version `<release>+sparsemla.<series hash>`:
+result with a PEP 440 local version `<release>+sparsemla.g<base commit>.<series hash>`:
 in the file name, the `.dist-info` directory name, METADATA `Version:` and
 `vllm/_version.py` (what `vllm.__version__` reports, and what vLLM mixes into
 its torch.compile cache key, so a patched build never reuses a stock
@@ -52,9 +52,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from wheel.wheelfile import WHEEL_INFO_RE, WheelFile
 from wheel.wheelfile import WheelError as _LibWheelError
 
-from smla import cache, proc
-from smla.apply import commits_above_base, require_tree
-from smla.errors import CommandError, ExportError, WheelError
+from smla import cache, proc, treestate
+from smla.apply import require_tree
+from smla.errors import CommandError, ExportError, TreeStateError, WheelError
 from smla.fsutil import sha256_file
 from smla.pin import Pin
 from smla.series import SERIES_FILE, Series
@@ -67,15 +67,30 @@ PACKAGE_DIR = "vllm/"
 VERSION_FILE = "vllm/_version.py"
 LOCAL_LABEL = "sparsemla"
 
-# Official wheels whose sha256 is known here, so a warm cache needs no
-# network. Other releases/architectures: file name guessed from the same
-# pattern, sha256 taken from PyPI's simple index.
+# The official wheel of a release is found on the package index: the one
+# `vllm-<version>-cp3X-abi3-manylinux_<glibc>_<arch>.whl` (the glibc tag moves:
+# manylinux_2_31 for 0.16.0, manylinux_2_28 for 0.26.0), with the index's
+# sha256. Wheels listed here (name and sha256 as on PyPI, checked on
+# 2026-11-30) need no index at all when they are already in the cache.
 OFFICIAL_WHEELS: dict[tuple[str, str], tuple[str, str]] = {
     ("0.16.0", "x86_64"): (
         "vllm-0.16.0-cp38-abi3-manylinux_2_31_x86_64.whl",
         "f066b2a2f8597a4a3ada8fbbfd122b59086864b2260ca42dc81bf9fb57af0c42",
     ),
+    ("0.16.0", "aarch64"): (
+        "vllm-0.16.0-cp38-abi3-manylinux_2_31_aarch64.whl",
+        "dfaa14846608fd229dda9d372e2ad3f13854fd09147c2ba36b40579cf3c03804",
+    ),
+    ("0.26.0", "x86_64"): (
+        "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+        "adb1e4c9b46d0dfdb094121ae5aad670a42412dd813ed4e5db069ed6a15006de",
+    ),
+    ("0.26.0", "aarch64"): (
+        "vllm-0.26.0-cp38-abi3-manylinux_2_28_aarch64.whl",
+        "52a4c3e55c2c80cc8793e52ccc244457ceade25b0ad7caa1c15e5002a95a1b2c",
+    ),
 }
+BASE_ID_DIGITS = 9  # hex digits of the upstream commit in the label (what a release sdist records)
 
 # Paths (relative to the vLLM source root) that the overlay cannot carry:
 # compiled code, the build system, and inputs of generated files.
@@ -161,10 +176,21 @@ def series_hash(series: Series) -> str:
     return h.hexdigest()[:8]
 
 
-def local_version(release: str, short_hash: str) -> str:
-    """`<release>+sparsemla.<hash>` in PEP 440 normal form (used verbatim everywhere)."""
+def base_id(commit: str) -> str:
+    """The upstream commit as it appears in the label: `g` + its first 9 hex digits (setuptools-scm style)."""
+    return "g" + commit[:BASE_ID_DIGITS]
+
+
+def local_version(release: str, commit: str, short_hash: str) -> str:
+    """`<release>+sparsemla.g<commit>.<hash>` in PEP 440 normal form (used verbatim everywhere).
+
+    `release` is the base wheel's public version (its local segment, if any,
+    is dropped: a nightly's `+g<sha>` is replaced by ours, which names the
+    same commit). The label names the upstream base and the series.
+    """
     try:
-        return str(Version(f"{release}+{LOCAL_LABEL}.{short_hash}"))
+        public = Version(release).public
+        return str(Version(f"{public}+{LOCAL_LABEL}.{base_id(commit)}.{short_hash}"))
     except InvalidVersion as exc:
         raise WheelError(f"cannot make a PEP 440 version from {release!r}: {exc}") from exc
 
@@ -205,13 +231,38 @@ def rewrite_metadata(data: bytes, old: str, new: str) -> bytes:
 # ------------------------------------------------------------- base wheel
 
 
-def official_wheel_name(pin: Pin, arch: str | None = None) -> tuple[str, str | None]:
-    """(file name, sha256 or None when only the index knows it) of the official wheel."""
+def official_wheel_pattern(version: str, arch: str) -> re.Pattern:
+    """File names of the official Linux wheel of `version` for `arch` (any abi3 CPython tag, any manylinux)."""
+    return re.compile(rf"^{re.escape(PROJECT)}-{re.escape(version)}-cp3\d+-abi3-"
+                      rf"(?:manylinux_\d+_\d+|manylinux\d+)_{re.escape(arch)}\.whl$")
+
+
+def official_wheel(pin: Pin, arch: str | None = None) -> tuple[str, str, str | None]:
+    """(file name, sha256, url or None) of the official wheel of the pinned release.
+
+    Known wheels (OFFICIAL_WHEELS) need no index; otherwise the index's
+    listing is searched for the one file matching `official_wheel_pattern`.
+    """
     arch = arch or platform.machine()
     known = OFFICIAL_WHEELS.get((pin.version, arch))
     if known:
-        return known
-    return f"vllm-{pin.version}-cp38-abi3-manylinux_2_31_{arch}.whl", None
+        return known[0], known[1], None
+    pattern = official_wheel_pattern(pin.version, arch)
+    files = cache.pypi_files(PROJECT)
+    found = sorted((f for f in files if pattern.match(f[0])), key=lambda f: f[0])
+    if not found:
+        raise WheelError(
+            f"the package index has no official Linux {arch} wheel of vLLM {pin.version}",
+            hint="pass --base-wheel PATH, or use --from-source",
+        )
+    if len(found) > 1:
+        raise WheelError(f"several official wheels of vLLM {pin.version} for {arch}: "
+                         + ", ".join(f[0] for f in found), hint="pick one with --base-wheel PATH")
+    name, url, sha = found[0]
+    if not re.fullmatch(r"[0-9a-f]{64}", sha or ""):
+        raise WheelError(f"the package index gives no sha256 for {name}", hint="pass --base-wheel PATH")
+    cache.check_url(url, f"{name} at")
+    return name, sha, url
 
 
 def base_wheel_path(pin: Pin, explicit: Path | None = None, *, quiet: bool = False) -> Path:
@@ -222,17 +273,15 @@ def base_wheel_path(pin: Pin, explicit: Path | None = None, *, quiet: bool = Fal
         return explicit
     if not pin.has_sdist:
         raise WheelError(
-            f"the pinned commit {pin.short} is not a release: no official wheel matches it",
-            hint="pass --base-wheel PATH (a wheel built from that commit), or use --from-source",
+            f"the pinned commit {pin.short} is not a release: no official wheel matches it, and the wheel "
+            f"of release {pin.version} holds other sources and binaries",
+            hint="pass --base-wheel PATH: a wheel built from that very commit (a vLLM nightly wheel, whose "
+                 "vllm/_version.py records it), or use --from-source",
         )
-    name, sha = official_wheel_name(pin)
+    name, sha, url = official_wheel(pin)
     dest = cache.cache_dir() / "downloads" / name
-    if sha is None:
-        url, sha = cache.pypi_file(PROJECT, name)
-        if not sha:
-            raise WheelError(f"the package index gives no sha256 for {name}", hint="pass --base-wheel PATH")
-        return cache.fetch(url, dest, sha, what=name, quiet=quiet)
-    return cache.fetch(lambda: cache.pypi_file(PROJECT, name)[0], dest, sha, what=name, quiet=quiet)
+    source = url if url is not None else (lambda: cache.pypi_file(PROJECT, name)[0])
+    return cache.fetch(source, dest, sha, what=name, quiet=quiet)
 
 
 @dataclass
@@ -242,16 +291,18 @@ class _Base:
     tags: str  # "cp38-abi3-manylinux_2_31_x86_64"
     dist_info: str  # "vllm-0.16.0.dist-info"
     infos: list[zipfile.ZipInfo]
+    version: str = ""  # the version in the file name ("0.16.0", or a nightly's "0.26.1.dev5+gabc")
 
 
-def _open_base(path: Path, release: str) -> tuple[WheelFile, _Base]:
-    """Open and check the base wheel: name, version and RECORD coverage (hashes are checked on read)."""
+def _open_base(path: Path, release: str | None) -> tuple[WheelFile, _Base]:
+    """Open and check the base wheel: name, version (`release`; None = any) and RECORD coverage
+    (hashes are checked on read)."""
     m = WHEEL_INFO_RE.match(path.name)
     if not m or not path.name.endswith(".whl"):
         raise WheelError(f"{path.name} is not a wheel file name")
     if m.group("name").lower() != PROJECT:
         raise WheelError(f"{path.name} is not a {PROJECT} wheel")
-    if m.group("ver") != release:
+    if release is not None and m.group("ver") != release:
         raise WheelError(
             f"{path.name} is vLLM {m.group('ver')}, but the pin is {release}",
             hint="use the official wheel of the pinned release (drop --base-wheel or point it at the right file)",
@@ -282,7 +333,7 @@ def _open_base(path: Path, release: str) -> tuple[WheelFile, _Base]:
         raise WheelError(f"{path.name}: RECORD does not match the archive ({detail})",
                          hint="the base wheel is corrupt; delete it and run again")
     tags = path.name[:-len(".whl")].split("-", 2)[2]
-    return wf, _Base(path, m.group("namever"), tags, dist_info, infos)
+    return wf, _Base(path, m.group("namever"), tags, dist_info, infos, m.group("ver"))
 
 
 def _recorded(wf: WheelFile) -> set[str]:
@@ -324,6 +375,65 @@ def tree_changes(tree: Path) -> list[Change]:
     return sorted(changes, key=lambda c: c.path)
 
 
+def check_tree_at_pin(pin: Pin, tree: Path) -> None:
+    """The tree's upstream commit must be the pin's: the label names the pin's base."""
+    info = require_tree(tree)
+    if info.upstream_commit != pin.commit:
+        raise TreeStateError(
+            f"work tree {tree} holds vLLM {info.version} ({info.upstream_commit[:12]}), but the pin is "
+            f"{pin.version} ({pin.commit_label()}): a wheel labelled for the pin would hold other sources",
+            hint="rebuild the tree at the pin (`smla fetch --force` + `smla apply`), or finish the rebase "
+                 "that moves the pin",
+        )
+
+
+_COMMIT_ID = re.compile(r"""^__commit_id__\s*=\s*commit_id\s*=\s*['"]g?([0-9a-f]{7,40})['"]""", re.M)
+
+
+def _recorded_commit(wf: WheelFile) -> str | None:
+    """The (abbreviated) commit the wheel's vllm/_version.py records, if any."""
+    try:
+        text = _read(wf, VERSION_FILE).decode("utf-8", "replace")
+    except KeyError:
+        return None
+    m = _COMMIT_ID.search(text)
+    return m.group(1) if m else None
+
+
+def check_base_matches_pin(pin: Pin, base: "_Base", recorded: str | None) -> list[str]:
+    """Refuse a base wheel built from other sources than a commit pin's; notes for a release pin.
+
+    A release pin takes the official wheel of that release (its file name and
+    METADATA say the version). A commit pin (sdist = none) has no official
+    wheel: the base must record that very commit in vllm/_version.py (vLLM's
+    nightly wheels do), so nightly sources never land on release binaries.
+    """
+    same = recorded is not None and (pin.commit.startswith(recorded) or recorded.startswith(pin.commit))
+    if not pin.has_sdist:
+        if not same:
+            raise WheelError(
+                f"{base.path.name} was built from "
+                + (f"vLLM commit {recorded}" if recorded else "an unrecorded commit")
+                + f", but the pin is vLLM commit {pin.short}: refusing to pack those sources onto binaries "
+                "built from other sources",
+                hint=f"pass --base-wheel with a wheel built from {pin.short} (vllm/_version.py records it), "
+                     "or use --from-source",
+            )
+        return [f"base wheel {base.path.name} records commit {recorded}, the pinned commit"]
+    if recorded and not same:
+        return [f"the official {pin.version} wheel records commit {recorded}, the pin (its sdist) "
+                f"{pin.commit_label()}: the wheel is the release's own build; its vllm/ sources are "
+                "replaced only where the series changes them"]
+    return []
+
+
+def _label_notes(pin: Pin) -> list[str]:
+    if pin.commit_is_full:
+        return []
+    return [f"the pin records only the abbreviated upstream commit {pin.commit} (from the sdist; "
+            f"commit_kind = abbreviated): the label's base id {base_id(pin.commit)} is that abbreviation"]
+
+
 def build_source_paths(paths) -> list[str]:
     """The paths among `paths` that only a real build can carry."""
     bad = []
@@ -336,22 +446,8 @@ def build_source_paths(paths) -> list[str]:
 
 
 def check_series_matches_tree(series: Series, tree: Path) -> None:
-    """The tree's commits above the base must be exactly the series (so the label tells the truth)."""
-    from smla.export import render
-
-    on_disk = {p.name: p.path.read_bytes() for p in series.patches}
-    try:
-        rendered = render(tree) if commits_above_base(tree) else {}
-    except ExportError as exc:
-        raise WheelError(f"cannot compare the tree with the series: {exc.message}") from exc
-    if rendered != on_disk:
-        differ = sorted(set(rendered) ^ set(on_disk)) or sorted(n for n in rendered if rendered[n] != on_disk[n])
-        raise WheelError(
-            f"the commits above {BASE_TAG} in {tree} are not the series in {series.directory} "
-            f"(differ: {', '.join(differ[:5])})",
-            hint="run `smla export` (edits in the tree) or `smla apply`/`make patch` (new patches); "
-                 "`smla status` shows which",
-        )
+    """The tree must equal the series (treestate: by content), so the label tells the truth."""
+    treestate.require_in_sync(tree, series, "build a wheel labelled with the series", error=WheelError)
 
 
 def _check_clean(tree: Path, paths: list[str]) -> None:
@@ -424,7 +520,7 @@ def build_overlay(
     echo: Callable[[str], None] = lambda _msg: None,
 ) -> WheelResult:
     """The official wheel with the series' files swapped in, relabelled; written to `dist_dir`."""
-    require_tree(tree)
+    check_tree_at_pin(pin, tree)
     changes = tree_changes(tree)
     touched = sorted({f for p in series.patches for f in p.files} | {c.path for c in changes})
     refused = build_source_paths(touched)
@@ -441,19 +537,20 @@ def build_overlay(
 
     base = base_wheel_path(pin, base_wheel, quiet=quiet)
     short = series_hash(series)
-    version = local_version(pin.version, short)
-    result = WheelResult(
-        mode="overlay", version=version, series_hash=short, patches=series.names(),
-        base_wheel=base, base_sha256="", output=Path(), output_sha256="", size=0,
-        not_packaged=sorted(c.path for c in changes if not c.path.startswith(PACKAGE_DIR)),
-    )
-    if not series.patches:
-        result.notes.append("the series is empty: the wheel differs from the official one only by its version")
-    if allow_unexported:
-        result.notes.append("--allow-unexported: the version label may not describe the tree's commits")
-
-    wf, b = _open_base(base, pin.version)
+    wf, b = _open_base(base, pin.version if pin.has_sdist else None)
     with wf:
+        notes = check_base_matches_pin(pin, b, _recorded_commit(wf))
+        version = local_version(b.version, pin.commit, short)
+        result = WheelResult(
+            mode="overlay", version=version, series_hash=short, patches=series.names(),
+            base_wheel=base, base_sha256="", output=Path(), output_sha256="", size=0,
+            not_packaged=sorted(c.path for c in changes if not c.path.startswith(PACKAGE_DIR)),
+            notes=notes + _label_notes(pin),
+        )
+        if not series.patches:
+            result.notes.append("the series is empty: the wheel differs from the official one only by its version")
+        if allow_unexported:
+            result.notes.append("--allow-unexported: the version label may not describe the tree's commits")
         base_names = {i.filename: i for i in b.infos}
         new_dist_info = f"{PROJECT}-{version}.dist-info"
         date = _fixed_date(b.infos)
@@ -476,7 +573,7 @@ def build_overlay(
         if VERSION_FILE in members:
             old = members[VERSION_FILE]
             text = (old[0] if old[0] is not None else _read(wf, VERSION_FILE)).decode()
-            members[VERSION_FILE] = (rewrite_version_file(text, pin.version, version).encode(), old[1])
+            members[VERSION_FILE] = (rewrite_version_file(text, b.version, version).encode(), old[1])
             result.version_file = f"rewritten to {version}"
         else:
             result.version_file = "absent from the wheel (nothing to rewrite)"
@@ -487,7 +584,7 @@ def build_overlay(
             data = _read(wf, info.filename)
             rel = info.filename[len(b.dist_info) + 1:]
             if rel == "METADATA":
-                data = rewrite_metadata(data, pin.version, version)
+                data = rewrite_metadata(data, b.version, version)
             dist_members.append((f"{new_dist_info}/{rel}", data, _mode(info)))
         if not any(n.endswith("/METADATA") for n, _, _ in dist_members):
             raise WheelError(f"{base.name} has no METADATA")
@@ -499,7 +596,8 @@ def build_overlay(
             tmp_out = scratch / out_name
             total = sum(base_names[n].file_size if d is None else len(d) for n, (d, _) in members.items())
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-                          TimeRemainingColumn(), transient=True, disable=quiet) as progress:
+                          TimeRemainingColumn(), transient=True, console=cache.progress_console(),
+                          disable=not cache.progress_enabled(quiet)) as progress:
                 task = progress.add_task(f"writing {out_name}", total=total)
                 with _FixedWheelFile(tmp_out, date) as out:
                     for name, data in _prefetch(wf, members):
@@ -589,14 +687,32 @@ def from_source_invocation(
     return argv, env
 
 
-TORCH_FOR_BUILD = "2.9.1"  # vLLM 0.16.0's build-system requirement (pyproject.toml / requirements/build.txt)
 _PROBE = "import torch; print(torch.__version__, torch.version.cuda or '-')"
+_TORCH_PIN = re.compile(r"""["']?torch\s*==\s*([0-9][0-9a-z.]*)""")
 
 
-def check_build_python(python: str) -> None:
+def required_torch(tree: Path) -> str:
+    """The torch version the tree's build needs: `torch == X` in pyproject.toml's build requirements
+    (or requirements/build.txt), as committed in the tree."""
+    for rel in ("pyproject.toml", "requirements/build.txt"):
+        shown = proc.git(tree, "show", f"HEAD:{rel}", check=False)
+        if shown.returncode != 0:
+            continue
+        text = shown.stdout
+        if rel == "pyproject.toml":
+            m = re.search(r"^\[build-system\](.*?)(?=^\[)", text + "\n[", re.S | re.M)
+            text = m.group(1) if m else ""
+        found = _TORCH_PIN.search(text)
+        if found:
+            return found.group(1)
+    raise WheelError(f"cannot tell which torch the build of {tree} needs (no `torch == X` in pyproject.toml's "
+                     "[build-system] or requirements/build.txt)")
+
+
+def check_build_python(python: str, torch_for_build: str) -> None:
     """vLLM's setup.py imports torch and needs a CUDA build of the pinned torch: check before building."""
-    hint = (f"use --python with an environment holding torch=={TORCH_FOR_BUILD} (CUDA) and vLLM's "
-            "build requirements (work/vllm/requirements/build.txt); see docs/build-wheel.md")
+    hint = (f"use --python with an environment holding torch=={torch_for_build} (CUDA) and vLLM's "
+            "build requirements (see docs/build-wheel.md)")
     try:
         probe = proc.run([python, "-c", _PROBE], check=False, timeout=300)
     except CommandError as exc:
@@ -605,9 +721,9 @@ def check_build_python(python: str) -> None:
         raise WheelError(f"{python} cannot import torch", hint=hint)
     parts = probe.stdout.split()
     torch_version, cuda = (parts + ["?", "-"])[:2]
-    if torch_version.split("+")[0] != TORCH_FOR_BUILD or cuda == "-":
+    if torch_version.split("+")[0] != torch_for_build or cuda == "-":
         raise WheelError(f"{python} has torch {torch_version} (CUDA {cuda}); vLLM's build needs "
-                         f"torch {TORCH_FOR_BUILD} built with CUDA", hint=hint)
+                         f"torch {torch_for_build} built with CUDA", hint=hint)
 
 
 def build_from_source(
@@ -624,32 +740,35 @@ def build_from_source(
     echo: Callable[[str], None] = lambda _msg: None,
 ) -> WheelResult:
     """Build through vLLM's own setup.py from a clean checkout of the tree's HEAD."""
-    require_tree(tree)
+    check_tree_at_pin(pin, tree)
     if not allow_unexported:
         check_series_matches_tree(series, tree)
-    check_build_python(python or sys.executable)
+    check_build_python(python or sys.executable, required_torch(tree))
     short = series_hash(series)
-    version = local_version(pin.version, short)
+    version = local_version(pin.version, pin.commit, short)
     base = base_wheel_path(pin, base_wheel, quiet=quiet) if not full_cuda else None
+    if base is not None:
+        wf, b = _open_base(base, pin.version if pin.has_sdist else None)
+        with wf:
+            check_base_matches_pin(pin, b, _recorded_commit(wf))
     changes = tree_changes(tree)
     dist_dir.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".build-wheel.", dir=dist_dir))
-    checkout = scratch / "src"
-    wheel_dir = scratch / "out"
     stamp = int(os.environ.get("SOURCE_DATE_EPOCH") or proc.git_out(tree, "log", "-1", "--format=%ct", "HEAD"))
-    argv, env = from_source_invocation(checkout, wheel_dir, version, base,
-                                       full_cuda=full_cuda, python=python, source_date_epoch=stamp)
     # A detached worktree: the build writes _version.py, gRPC stubs and copied .so files into
     # its source directory; none of that may land in the user's tree.
-    proc.git(tree, "worktree", "add", "--detach", "-q", str(checkout), "HEAD")
-    try:
+    with tempfile.TemporaryDirectory(prefix=".build-wheel.", dir=dist_dir) as scratch, \
+            proc.scratch_worktree(tree, "HEAD", prefix=".smla-build-wheel-") as checkout:
+        wheel_dir = Path(scratch) / "out"
+        argv, env = from_source_invocation(checkout, wheel_dir, version, base,
+                                           full_cuda=full_cuda, python=python, source_date_epoch=stamp)
         echo(f"building vLLM {version} from {tree} ({'full CUDA build' if full_cuda else 'python-only, precompiled'})")
         try:
             proc.run(argv, cwd=checkout, env=env)
         except CommandError as exc:
             raise WheelError(
                 f"vLLM's setup.py build failed: {exc.message[-2000:]}",
-                hint="see docs/build-wheel.md for what the build needs (torch 2.9.1 with CUDA, build requirements)",
+                hint="see docs/build-wheel.md for what the build needs (the pinned torch with CUDA, build "
+                     "requirements)",
             ) from exc
         built = sorted(wheel_dir.glob(f"{PROJECT}-*.whl"))
         if len(built) != 1:
@@ -659,10 +778,6 @@ def build_from_source(
             raise WheelError(f"the build made {built[0].name}, not version {version}")
         final = dist_dir / built[0].name
         os.replace(built[0], final)
-    finally:
-        proc.git(tree, "worktree", "remove", "--force", str(checkout), check=False)
-        shutil.rmtree(scratch, ignore_errors=True)
-        proc.git(tree, "worktree", "prune", check=False)
     result = WheelResult(
         mode="from-source (full CUDA)" if full_cuda else "from-source (python-only, precompiled)",
         version=version, series_hash=short, patches=series.names(),

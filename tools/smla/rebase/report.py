@@ -1,0 +1,275 @@
+"""What a rebase did, per patch, and its reports: text, JSON and Markdown (a pull-request body).
+
+Outcomes (docs/rebase.md):
+  unchanged   applies as is (`git apply --check`, no offsets)
+  offsets     applies, some hunks moved (no fuzz, context intact)
+  merged      needed a three-way merge, merged without conflict
+  upstream    the change is already in the new base (nothing left)
+  conflict    the merge conflicts: the run stops here
+  resolved    after `--continue`: the conflict was resolved by hand
+  skipped     after `--continue`: dropped by the user (`git am --skip`)
+  pending     not replayed yet
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from smla import report
+from smla.errors import RebaseConflict, TestsFailed
+
+UNCHANGED = "unchanged"
+OFFSETS = "offsets"
+MERGED = "merged"
+UPSTREAM = "upstream"
+CONFLICT = "conflict"
+RESOLVED = "resolved"
+SKIPPED = "skipped"
+PENDING = "pending"
+DESCRIPTIONS = {
+    UNCHANGED: "applied unchanged",
+    OFFSETS: "applied with line offsets",
+    MERGED: "merged three-way (no conflict)",
+    UPSTREAM: "already upstream (dropped from the series)",
+    CONFLICT: "CONFLICT",
+    RESOLVED: "conflict, resolved by hand",
+    SKIPPED: "conflict, dropped by the user (git am --skip)",
+    PENDING: "not replayed yet",
+}
+
+
+@dataclass
+class Outcome:
+    name: str
+    subject: str
+    outcome: str = PENDING
+    offsets: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # conflicted files
+    hunks: list[str] = field(default_factory=list)  # hunks that did not apply as is
+    commits: int = 0  # commits this patch produced on the new base
+    new_names: list[str] = field(default_factory=list)
+    detail: str = ""
+    new_files_only: bool = False  # the patch only adds files: it always applies, whatever the new base
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Outcome":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class RebaseResult:
+    status: str  # "clean", "conflict", "noop", "aborted"
+    tree: str
+    old: dict
+    new: dict
+    target: dict
+    patches: list[Outcome]
+    pin_before: dict
+    pin_after: dict | None = None
+    stopped_at: str | None = None
+    export: dict | None = None
+    tests: dict | None = None
+    stops: list[dict] = field(default_factory=list)  # every conflict stop of this rebase, in order
+    range_diff: str = ""  # `git range-diff` old series vs new series (what the rebase changed in each patch)
+    report_dir: str | None = None  # remembered from --onto, so --continue/--abort report there too
+    report_name: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "status": self.status,
+            "tree": self.tree,
+            "old_base": self.old,
+            "new_base": self.new,
+            "target": self.target,
+            "patches": [p.to_dict() for p in self.patches],
+            "counts": self.counts(),
+            "pin": {"before": self.pin_before, "after": self.pin_after,
+                    "changed": bool(self.pin_after) and self.pin_after != self.pin_before},
+            "stopped_at": self.stopped_at,
+            "export": self.export,
+            "tests": self.tests,
+            "stops": self.stops,
+            "range_diff": self.range_diff,
+        }
+
+    def counts(self) -> dict:
+        out: dict[str, int] = {}
+        for p in self.patches:
+            out[p.outcome] = out.get(p.outcome, 0) + 1
+        return out
+
+    def raise_for_status(self) -> None:
+        """RebaseConflict when stopped on a conflict; TestsFailed when --test failed."""
+        if self.status == "conflict":
+            stopped = next(p for p in self.patches if p.outcome == CONFLICT)
+            raise RebaseConflict(
+                f"rebase stopped: patch {stopped.name} conflicts in {', '.join(stopped.files) or '?'}",
+                hint=resolve_hint(Path(self.tree)),
+            )
+        if self.tests is not None and not self.tests["passed"]:
+            raise TestsFailed(
+                f"the rebase succeeded, but the CPU suite failed against {self.tree} "
+                f"(exit {self.tests['returncode']})",
+                hint="see the test output above / in the report; fix the series in the tree and `smla export`",
+            )
+
+
+def resolve_hint(tree: Path) -> str:
+    t = shlex.quote(str(tree))
+    return (
+        f"resolve the conflicts in {tree} (edit, then `git -C {t} add <files>`), "
+        "then run `smla rebase --continue`; drop the patch with "
+        f"`git -C {t} am --skip` + `smla rebase --continue`; or give up with `smla rebase --abort`"
+    )
+
+
+def text(r: RebaseResult) -> str:
+    d = r.to_dict()
+    old, new = d["old_base"], d["new_base"]
+    if r.status == "aborted":
+        return (f"rebase onto {r.target['spec']} aborted: {r.tree} is back at {_label(old, None)} "
+                "with its original branch; pin file and patches/ restored byte for byte\n")
+    lines = [f"rebase {r.status}: {_label(old, None)} -> {_label(new, r.target)} in {r.tree}"]
+    for p in r.patches:
+        extra = []
+        if p.offsets:
+            extra.append("; ".join(p.offsets))
+        if p.files:
+            extra.append("files: " + ", ".join(p.files))
+        if p.new_names and p.new_names != [p.name]:
+            extra.append("now " + ", ".join(p.new_names))
+        if p.new_files_only and p.outcome in (UNCHANGED, OFFSETS):
+            extra.append("new files only: not checked against the new base")
+        lines.append(f"  {p.outcome:<10} {p.name}" + (f"  ({' | '.join(extra)})" if extra else ""))
+        lines += [f"               {h}" for h in (p.hunks if p.outcome == CONFLICT else [])]
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(d["counts"].items()))
+    lines.append(f"summary: {counts}")
+    for note in r.target.get("notes", []):
+        lines.append(f"note: {note}")
+    if r.status == "conflict":
+        lines.append(f"next: {resolve_hint(Path(r.tree))}")
+    if r.pin_after and d["pin"]["changed"]:
+        lines.append("pin: " + ", ".join(f"{k} {r.pin_before.get(k, '-')} -> {v}"
+                                          for k, v in r.pin_after.items() if r.pin_before.get(k) != v))
+    if r.tests:
+        lines.append(f"tests: {'passed' if r.tests['passed'] else 'FAILED'} ({r.tests['command']})")
+    return "\n".join(lines) + "\n"
+
+
+def _label(base: dict, target: dict | None, q: str = "") -> str:
+    """vLLM 0.17.0 (abc) for a release, vLLM commit abc for a commit target."""
+    c = f"{q}{base['upstream_commit'][:12]}{q}"
+    if target is not None and target.get("kind") == "commit":
+        return f"vLLM commit {c}"
+    if base.get("commit_kind") == "abbreviated":
+        c = f"{q}{base['upstream_commit']}{q}, abbreviated"
+    return f"vLLM {base['version']} ({c})"
+
+
+def markdown(r: RebaseResult) -> str:
+    d = r.to_dict()
+    old, new = d["old_base"], d["new_base"]
+    title = {"clean": "Rebase the sparse-MLA series", "conflict": "Rebase CONFLICT",
+             "noop": "Nothing to rebase", "aborted": "Rebase aborted"}[r.status]
+    out = [f"## {title}: {_label(old, None, '`')} → {_label(new, r.target, '`')}", ""]
+    out.append(f"Target `{r.target['spec']}` ({r.target['kind']}); old base `{old['upstream_commit'][:12]}` "
+               f"({old['source']}), new base `{new['upstream_commit'][:12]}` ({new['source']}).")
+    out.append("")
+    rows = []
+    for p in r.patches:
+        notes = []
+        if p.offsets:
+            notes.append("; ".join(p.offsets))
+        if p.files:
+            notes.append("files: " + ", ".join(f"`{f}`" for f in p.files))
+        if p.hunks and p.outcome in (CONFLICT, RESOLVED, MERGED):
+            notes.append("hunks: " + "; ".join(h.replace("|", "\\|") for h in p.hunks))
+        if p.detail:
+            notes.append(p.detail.replace("|", "\\|"))
+        if p.new_files_only and p.outcome in (UNCHANGED, OFFSETS):
+            notes.append(NEW_FILES_NOTE)
+        rows.append([f"`{p.name}`", p.subject.replace("|", "\\|"), f"**{p.outcome}**",
+                     ", ".join(f"`{n}`" for n in p.new_names) or "—", "<br>".join(notes) or ""])
+    out.append(report.md_table(["patch", "subject", "outcome", "exported as", "notes"], rows))
+    out.append("Outcomes: " + ", ".join(f"{n} {k}" for k, n in sorted(d["counts"].items())) + ".")
+    out.append("")
+    if r.pin_after and d["pin"]["changed"]:
+        out += ["### `vllm-pin.txt`", "", "```diff"]
+        for k, v in r.pin_after.items():
+            if r.pin_before.get(k) != v:
+                if k in r.pin_before:
+                    out.append(f"- {k} = {r.pin_before[k]}")
+                out.append(f"+ {k} = {v}")
+        out += ["```", ""]
+    if r.target.get("notes"):
+        out += [f"- {n}" for n in r.target["notes"]] + [""]
+    if r.stops:
+        out += ["### Conflict stops", ""]
+        for i, stop in enumerate(r.stops, 1):
+            hunks = "; ".join(h.replace("|", "\\|") for h in stop.get("hunks", [])) or "—"
+            out.append(f"{i}. `{stop['patch']}`: files {', '.join(f'`{f}`' for f in stop['files']) or '?'}; "
+                       f"hunks with conflict markers: {hunks}"
+                       + (f" ({stop['detail']})" if stop.get("detail") else ""))
+        out.append("")
+    if r.status == "conflict":
+        out += ["### Needs a human", "", f"The rebase stopped at `{r.stopped_at}`. {resolve_hint(Path(r.tree))}.", ""]
+    if r.range_diff:
+        out += ["### What changed in each patch (`git range-diff` old series → new series)", "",
+                "<details><summary>range-diff</summary>", "", "```diff", r.range_diff.rstrip(), "```", "",
+                "</details>", ""]
+    if not r.tests and any(p.new_files_only and p.outcome in (UNCHANGED, OFFSETS) for p in r.patches) \
+            and r.status == "clean":
+        out += ["Patches that only add files applied trivially: run `smla rebase ... --test` (or `make test`) "
+                "to check their code against the new base.", ""]
+    if r.tests:
+        out += [f"### Tests: {'passed' if r.tests['passed'] else 'FAILED'}", "",
+                f"`{r.tests['command']}` exited {r.tests['returncode']}.", "", "```", r.tests["tail"], "```", ""]
+    return "\n".join(out)
+
+
+NEW_FILES_NOTE = ("adds new files only: applies whatever the new base, so this outcome says nothing about "
+                  "its code against the new base's interfaces (run with --test)")
+
+
+def default_report_name(r: RebaseResult) -> str:
+    """`rebase-<old version>-to-<new version or commit>`, the reports/ naming of this repository."""
+    new = r.target["version"] if r.target.get("kind") == "version" else r.target["commit"][:12]
+    return f"rebase-{r.old['version']}-to-{new}"  # from the target: an aborted rebase reports there too
+
+
+def portable(r: RebaseResult, root: Path | None) -> RebaseResult:
+    """A copy whose paths are relative to the toolkit root (for reports that get committed)."""
+    import copy
+
+    if root is None:
+        return r
+    out = copy.copy(r)
+
+    def rel(p: str) -> str:
+        try:
+            return str(Path(p).resolve().relative_to(root.resolve()))
+        except ValueError:
+            return p
+
+    out.tree = rel(r.tree)
+    if r.export:
+        out.export = {**r.export, "directory": rel(r.export["directory"])}
+    return out
+
+
+def write_reports(r: RebaseResult, directory: Path, name: str | None = None, root: Path | None = None) -> list[Path]:
+    """<name>.json/.md/.txt in `directory` (name: rebase-report; `auto`: rebase-<old>-to-<new>),
+    paths relative to `root`."""
+    name = default_report_name(r) if name == "auto" else (name or "rebase-report")
+    r = portable(r, root)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / f"{name}.json", directory / f"{name}.md", directory / f"{name}.txt"]
+    report.write(paths[0], report.to_json(r.to_dict()))
+    report.write(paths[1], markdown(r))
+    report.write(paths[2], text(r))
+    return paths
