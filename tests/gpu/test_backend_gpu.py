@@ -124,7 +124,6 @@ def import_vllm(tree) -> str:
         assert current_platform.is_cuda(), current_platform
         import vllm._custom_ops  # noqa: F401  (registers torch.ops._C*)
 
-        print("native import; stand-ins used:", _EmptyExtensions.used)
         return "native"
     from smla.selection import import_vllm_tree
 
@@ -140,6 +139,7 @@ def backend_mod(vllm_tree):
     from vllm.v1.attention.backends.mla import triton_mla_sparse
 
     triton_mla_sparse.IMPORT_MODE = mode
+    print(f"vLLM import: {mode}; stand-ins served so far: {_EmptyExtensions.used}")
     return triton_mla_sparse
 
 
