@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: the Triton sparse-MLA kernel on an fp8_ds_mla cache vs a bf16 cache.
 
-Same kernel (sparse_mla_fwd of the tree in SMLA_VLLM_TREE, heuristic launch
+Same kernel (sparse_mla_fwd of the tree in SMLA_TREE, heuristic launch
 config), same query, same top-k slots, same latent rows, in the same run:
   bf16      the 16-bit cache, [blocks, 64, 576] bf16 (1152 B per row)
   fp8       the fp8_ds_mla cache, [blocks, 64, 656] uint8, default decode
@@ -23,7 +23,7 @@ vLLM's concat_and_cache_mla, checked by tests/gpu/test_fp8_kv_gpu.py).  Each
 cell's three outputs are checked against the float64 reference on up to 8
 tokens (bf16 bound 5e-3 as the GPU tests).
 
-  python bench/bench_fp8_kv.py [--quick] [--out DIR] [--prewarm N]
+  python bench/bench_fp8_kv.py [--quick] [--out DIR] [--prewarm N] [--sweep]
   --prewarm N: first run every launch configuration of the bench and of
   tests/gpu/test_fp8_kv_gpu.py once in N processes (fills Triton's cache)
   --prewarm-only: stop after that.
@@ -51,6 +51,12 @@ HEADS = [8, 16, 64, 128]
 TOKENS = [1, 64, 1024, 4096]
 TOPK = 2048
 VARIANTS = ("bf16", "fp8", "fp8-sw")
+# --sweep: other launch configs of the fp8 path on a few cells (tuning data;
+# BLOCK_H and the split count stay the heuristic's).
+SWEEP_CELLS = [(16, 4096), (64, 4096), (128, 1024)]
+SWEEP_CFGS = [dict(BLOCK_N=n, num_warps=w, num_stages=st)
+              for n, w, st in ((16, 4, 2), (32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 4, 2),
+                               (64, 8, 2), (64, 8, 3))]
 
 
 def tree_path() -> Path:
@@ -63,11 +69,11 @@ def load_ours():
     return load_sparse_mla_module(tree_path(), interpret=False)
 
 
-def call(ours, variant, q, kv, slots):
+def call(ours, variant, q, kv, slots, config=None):
     if variant == "bf16":
-        return ours.sparse_mla_fwd(q, kv, slots, SCALE)
+        return ours.sparse_mla_fwd(q, kv, slots, SCALE, config=config)
     return ours.sparse_mla_fwd(q, kv, slots, SCALE, kv_cache_dtype="fp8_ds_mla",
-                               fp8_hw=None if variant == "fp8" else False)
+                               fp8_hw=None if variant == "fp8" else False, config=config)
 
 
 def cells(args):
@@ -78,14 +84,18 @@ def prewarm_calls(args):
     """(variant, dtype, H, T, K) of every launch the bench and the GPU test make."""
     import torch
 
-    out = [(v, torch.bfloat16, h, t, TOPK) for h, t in cells(args) for v in VARIANTS]
+    out = [(v, torch.bfloat16, h, t, TOPK, None) for h, t in cells(args) for v in VARIANTS]
+    if args.sweep:
+        out += [("fp8", torch.bfloat16, h, t, TOPK, json.dumps(c, sort_keys=True))
+                for h, t in SWEEP_CELLS for c in SWEEP_CFGS]
     try:
         import test_fp8_kv_gpu as G
 
         for dt, h, k, t in G.KERNEL_CASES:
-            out += [("fp8", dt, h, t, k), ("fp8-sw", dt, h, t, k)]
-        out += [("fp8", torch.bfloat16, 64, 4, 2048), ("fp8", torch.bfloat16, 64, 16, 2048),
-                ("bf16", torch.bfloat16, 64, 16, 2048)]
+            out += [("fp8", dt, h, t, k, None), ("fp8-sw", dt, h, t, k, None)]
+        out += [("fp8", torch.bfloat16, 64, 4, 2048, None),
+                ("fp8", torch.bfloat16, 64, 16, 2048, None),
+                ("bf16", torch.bfloat16, 64, 16, 2048, None)]
     except ImportError as e:  # pytest missing: bench cells only
         print("prewarm: GPU test cases not loaded:", e, flush=True)
     return sorted(set(out), key=str)
@@ -96,7 +106,7 @@ def worker(args, i, n):
 
     ours = load_ours()
     todo = prewarm_calls(args)[i::n]
-    for variant, dt, h, t, k in todo:
+    for variant, dt, h, t, k, cfg in todo:
         nb = 8
         if variant == "bf16":
             kv = torch.zeros((nb, BS, R + P), dtype=dt, device="cuda")
@@ -104,7 +114,7 @@ def worker(args, i, n):
             kv = torch.zeros((nb, BS, ROW), dtype=torch.uint8, device="cuda")
         q = torch.zeros((t, h, R + P), dtype=dt, device="cuda")
         slots = torch.zeros((t, k), dtype=torch.int32, device="cuda")
-        call(ours, variant, q, kv, slots)
+        call(ours, variant, q, kv, slots, json.loads(cfg) if cfg else None)
     torch.cuda.synchronize()
 
 
@@ -199,6 +209,18 @@ def main_run(args):
               f"  fp8-sw {row['fp8-sw']['us']:9.1f} us  x{row['speedup_fp8']:.2f}"
               f"  ok {all(row[v]['ok'] for v in VARIANTS)}", flush=True)
     res["cells"] = rows
+    if args.sweep:
+        res["sweep"] = []
+        for h, t in SWEEP_CELLS:
+            q = (torch.randn(t, h, R + P, device="cuda", generator=g) * 0.25).to(torch.bfloat16)
+            slots = torch.randint(0, n, (t, TOPK), device="cuda", generator=g, dtype=torch.int32)
+            for c in SWEEP_CFGS:
+                ms = do_bench(lambda: call(ours, "fp8", q, kv8, slots, c), warmup=10,
+                              rep=args.rep_ms / 2, return_mode="median")
+                nbytes = t * TOPK * ROW + t * h * (R + P) * 2 + t * h * R * 2
+                res["sweep"].append(dict(heads=h, tokens=t, **c, us=ms * 1e3,
+                                         pct_copy=100 * nbytes / (ms * 1e-3) / copy_bw))
+                print(f"sweep H{h} T{t} {c}: {ms * 1e3:.1f} us", flush=True)
     return res
 
 
@@ -231,6 +253,13 @@ def write(res, out: Path):
             met = r["speedup_fp8"] >= 1.0
             lines.append(f"- H{r['heads']} T{r['tokens']}: fp8 x{r['speedup_fp8']:.2f} vs bf16 "
                          f"-> {'met' if met else 'NOT met'}")
+    if res.get("sweep"):
+        lines += ["", "Sweep of fp8 launch configs (hardware decode; BLOCK_H and splits from the "
+                  "heuristic):", "", "| heads | tokens | BLOCK_N | warps | stages | us | % copy |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in res["sweep"]:
+            lines.append(f"| {r['heads']} | {r['tokens']} | {r['BLOCK_N']} | {r['num_warps']} | "
+                         f"{r['num_stages']} | {r['us']:.1f} | {r['pct_copy']:.1f} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
@@ -241,6 +270,7 @@ def main():
     ap.add_argument("--prewarm", type=int, default=0)
     ap.add_argument("--prewarm-only", action="store_true")
     ap.add_argument("--rep-ms", type=float, default=50.0)
+    ap.add_argument("--sweep", action="store_true", help="also time SWEEP_CFGS on SWEEP_CELLS")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.heads, args.tokens = HEADS, TOKENS

@@ -7,7 +7,7 @@
 #   bash tests/gpu/device-run-fp8.sh
 # Results under $OUT: env.txt, prewarm.log, fp8-gpu-tests.log, fp8-gpu-results.jsonl,
 # bench.log, bench/results.json, bench/results.md.
-# Budget: prewarm <= 70 s, tests <= 90 s, bench <= 60 s.
+# Budget: prewarm <= 75 s, tests <= 80 s, bench <= 60 s.
 set -uo pipefail
 out=${OUT:-/tmp/fp8-out}
 p=.fp8-payload
@@ -24,14 +24,14 @@ unset TRITON_INTERPRET
 unpack=$!
 export SMLA_TREE=$PWD/$p/tree SMLA_VLLM_C_SO=$work/_C_stable_libtorch.abi3.so
 export SMLA_FP8_RESULTS=$out/fp8-gpu-results.jsonl
-timeout 70 python3 bench/bench_fp8_kv.py --prewarm 14 --prewarm-only > "$out/prewarm.log" 2>&1 \
+timeout 75 python3 bench/bench_fp8_kv.py --prewarm 14 --prewarm-only --sweep > "$out/prewarm.log" 2>&1 \
   || echo "prewarm exit $?" >> "$out/prewarm.log"
 wait "$unpack" || echo "unpacking the compiled ops failed" >> "$out/env.txt"
 rc=0
-timeout 90 python3 -m pytest tests/gpu/test_fp8_kv_gpu.py -m gpu -q -p no:cacheprovider -rA \
+timeout 80 python3 -m pytest tests/gpu/test_fp8_kv_gpu.py -m gpu -q -p no:cacheprovider -rA \
   > "$out/fp8-gpu-tests.log" 2>&1 || rc=$?
 tail -3 "$out/fp8-gpu-tests.log"
-timeout 60 python3 bench/bench_fp8_kv.py --out "$out/bench" > "$out/bench.log" 2>&1 \
+timeout 60 python3 bench/bench_fp8_kv.py --sweep --out "$out/bench" > "$out/bench.log" 2>&1 \
   || echo "bench exit $?" >> "$out/bench.log"
 tail -22 "$out/bench.log"
 exit $rc
