@@ -135,7 +135,7 @@ def test_text_shows_every_backend_and_the_outcome(results, name):
             assert f"auto-selection: {r['selected']}\n" in text
         else:
             assert f"auto-selection: none; vLLM error: {r['error']}\n" in text
-        assert "\nindexer: path not determined here; DeepGEMM " in text
+        assert "\nindexer: " + explain._indexer_line(r["indexer"]) + "\n" in text
         assert "\nstand-ins: mocked CUDA platform + capability" in text
 
 
@@ -293,3 +293,18 @@ def test_cli_matrix(vllm_tree):
         row = next(x for x in body if x.startswith(f"| {r['capability']} | {r['model']['dtype']} |"))
         cell = row.strip("| ").split(" | ")[2 + selection.KV_CACHE_DTYPES.index(r["kv_cache_dtype"])]
         assert (r["selected"] or "none") in cell
+
+
+def test_indexer_path_is_the_trees_own_choice(results):
+    """The indexer line comes from the tree's own dispatch: the patched tree
+    runs the portable kernels where DeepGEMM has none (sm86) and keeps
+    DeepGEMM where it has kernels (sm90); the pristine tree has only
+    DeepGEMM, so at sm86 its indexer has no path at all."""
+    patched, pristine = results["patched"], results["pristine"]
+    assert patched["glm5-8.6-bf16"]["indexer"]["path"] == "triton"
+    assert "sm86" in patched["glm5-8.6-bf16"]["indexer"]["reason"]
+    assert patched["glm5-9.0-bf16"]["indexer"]["path"] == "deepgemm"
+    assert pristine["glm5-8.6-bf16"]["indexer"]["path"] == "none"
+    assert pristine["glm5-9.0-bf16"]["indexer"]["path"] == "deepgemm"
+    assert "indexer: portable Triton kernels" in explain.text(patched["glm5-8.6-bf16"], "patched")
+    assert "indexer: none" in explain.text(pristine["glm5-8.6-bf16"], "pristine")

@@ -55,6 +55,7 @@ compute capability":
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import inspect
@@ -492,12 +493,41 @@ class _Selection:
         return res
 
     def _indexer_facts(self) -> dict[str, Any]:
-        """What the tree itself says about the DSA indexer's DeepGEMM path for
-        the mocked capability.  `path` stays None: deciding between DeepGEMM
-        and a portable indexer is the indexer work's to fill in."""
+        """Which kernels the tree's DSA indexer would run at the mocked
+        capability, decided by the tree's own code.
+
+        A patched tree has `select_sparse_indexer_logits()` (indexer patch):
+        its answer is taken with DeepGEMM assumed importable, as in an
+        installed wheel, which vendors it (this CPU harness has no DeepGEMM;
+        asking `has_deep_gemm()` here would describe this machine, not the
+        GPU's).  VLLM_SPARSE_INDEXER_BACKEND in the environment is honoured.
+        A pristine tree has no such choice: DeepGEMM or an error at startup.
+        """
         support = getattr(self.platform_cls, "support_deep_gemm", None)
-        return {"deep_gemm_arch": bool(support()) if support else None,
-                "path": None}
+        arch = bool(support()) if support else None
+        facts: dict[str, Any] = {"deep_gemm_arch": arch, "path": None, "reason": None}
+        try:
+            mod = importlib.import_module("vllm.v1.attention.backends.mla.indexer")
+        except Exception as e:  # noqa: BLE001 - reported, not fatal
+            facts["reason"] = f"indexer module does not import here: {type(e).__name__}"
+            return facts
+        select = getattr(mod, "select_sparse_indexer_logits", None)
+        if select is None:
+            facts["path"] = "deepgemm" if arch else "none"
+            facts["reason"] = ("DeepGEMM only (no portable indexer in this tree)" if arch else
+                               "DeepGEMM only, which has no kernels for this capability: "
+                               "the indexer fails at startup")
+            return facts
+        saved = getattr(mod, "has_deep_gemm", None)
+        mod.has_deep_gemm = lambda: True
+        try:
+            select.cache_clear() if hasattr(select, "cache_clear") else None
+            facts["path"], facts["reason"] = select()
+        finally:
+            if saved is not None:
+                mod.has_deep_gemm = saved
+            select.cache_clear() if hasattr(select, "cache_clear") else None
+        return facts
 
 
 def run(payload: dict[str, Any]) -> list[dict[str, Any]]:

@@ -281,18 +281,15 @@ def text(result: dict[str, Any], tree_desc: str) -> str:
 
 
 def _indexer_line(ix: dict[str, Any] | None) -> str:
-    """The DSA indexer's path.  Today only the tree's own DeepGEMM arch fact
-    (CudaPlatform.support_deep_gemm for this capability); which indexer
-    runs (DeepGEMM or a portable one) is for the indexer work to fill in
-    through the "path" field."""
+    """The DSA indexer's logits path as the tree's own code decides it
+    (see _selection_worker._Selection._indexer_facts)."""
     if not ix:
         return "not reported by this tree"
-    arch = ix.get("deep_gemm_arch")
-    fact = ("DeepGEMM supports this capability" if arch else
-            "DeepGEMM does not support this capability" if arch is not None else
-            "this tree has no CudaPlatform.support_deep_gemm")
-    path = ix.get("path") or "not determined here"
-    return f"path {path}; {fact} (vLLM's CudaPlatform.support_deep_gemm)"
+    path = ix.get("path") or "not determined"
+    names = {"deepgemm": "DeepGEMM", "triton": "portable Triton kernels (TRITON_MLA_SPARSE series)",
+             "none": "none"}
+    reason = ix.get("reason") or ""
+    return f"{names.get(path, path)}" + (f" ({reason})" if reason else "")
 
 
 def _short_stand_ins(stand_ins: list[str]) -> list[str]:
