@@ -13,8 +13,8 @@ code path), then overwrites each parameter with a seeded draw whose scale keeps
 activations O(1) (a linear's weight has variance 1/fan_in, norms ~1, embeddings
 ~1, logits of std ~1, MoE router zero), so attention and the sparse top-k
 selection decide the output. The values depend only on the parameter's name,
-shape, dtype and the TP rank's shard, never on the attention backend, so the
-reference and our side load the same weights. vLLM's own post-load processing
+shape, dtype and, for TP-split parameters, the TP rank, never on the attention
+backend, so the reference and our side load the same weights. vLLM's own post-load processing
 (MLA's absorbed W_UK/W_UV, MoE layouts) runs after this, as for a checkpoint.
 """
 from __future__ import annotations
@@ -26,13 +26,46 @@ SEED = 20261130
 _registered = False
 
 
-def _fill(name: str, param) -> None:
+def _tp_sharded(model) -> dict[str, int]:
+    """Parameter name -> TP rank, for the parameters that TP splits across GPUs.
+
+    Their shards get the rank in their seed (otherwise both halves of e.g. the LM
+    head would be equal and every logit would have an exact twin). Replicated
+    parameters (ReplicatedLinear, disable_tp layers, norms, the indexer, the
+    router) keep a rank-free seed, so every rank holds the same copy. With TP=1
+    nothing changes.
+    """
+    from vllm.distributed import get_tensor_model_parallel_rank
+    from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    out = {}
+    for mname, mod in model.named_modules():
+        size = rank = None
+        if isinstance(mod, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
+            size, rank = mod.tp_size, getattr(mod, "tp_rank", None)
+        elif "FusedMoE" in type(mod).__name__:
+            cfg = getattr(mod, "moe_parallel_config", None) or getattr(
+                getattr(mod, "moe_config", None), "moe_parallel_config", None)
+            if cfg is not None:
+                size, rank = cfg.tp_size, cfg.tp_rank
+        if size and size > 1:
+            rank = get_tensor_model_parallel_rank() if rank is None else rank
+            for pname, _ in mod.named_parameters(recurse=False):
+                out[f"{mname}.{pname}" if mname else pname] = rank
+    return out
+
+
+def _fill(name: str, param, tp_rank: int | None = None) -> None:
     import torch
 
     if not torch.is_floating_point(param):
         return
     gen = torch.Generator(device=param.device)
-    gen.manual_seed(SEED ^ zlib.crc32(name.encode()))
+    seed = SEED ^ zlib.crc32(name.encode())
+    if tp_rank is not None:
+        seed ^= zlib.crc32(f"tp-rank-{tp_rank}".encode())
+    gen.manual_seed(seed)
     data = param.data
     if data.dim() == 1:
         if name.endswith("e_score_correction_bias"):
@@ -72,9 +105,10 @@ def register() -> None:
             import torch
 
             super().load_weights(model, model_config)
+            sharded = _tp_sharded(model)
             with torch.no_grad():
                 for name, param in model.named_parameters():
-                    _fill(name, param)
+                    _fill(name, param, sharded.get(name))
 
     _registered = True
 
@@ -110,3 +144,12 @@ def worker_cudagraphs(worker) -> dict:
     keys = getattr(disp, "cudagraph_keys", None) or {}
     out["graphs"] = {str(mode): len(v) for mode, v in keys.items()}
     return out
+
+
+def worker_drafter(worker) -> dict | None:
+    """describe_model() of the speculative drafter (the MTP layer), which selects
+    its attention backend separately from the target model (run in workers)."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    model = getattr(drafter, "model", None)
+    return None if model is None else describe_model(model)
+

@@ -120,13 +120,25 @@ def engine_main(spec: dict, result_dir: str) -> None:
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from e2e_plugin import describe_model, worker_cudagraphs
+        from e2e_plugin import describe_model, worker_cudagraphs, worker_drafter
 
         t0 = time.perf_counter()
         kwargs = dict(ENGINE, model=spec["model_dir"], dtype=spec["dtype"],
                       tensor_parallel_size=spec["tp"], kv_cache_memory_bytes=spec["kv_bytes"])
+        att = {}
         if spec["backend"]:
-            kwargs["attention_config"] = {"backend": spec["backend"]}
+            att["backend"] = spec["backend"]
+        if spec.get("force_mqa"):
+            # vLLM 0.26 sends prefill batches whose longest sequence is <= index_topk to a
+            # shared dense MHA prefill kernel (FlashAttention) on every sparse backend;
+            # this sends them through the sparse backend's MQA path too.
+            att["sparse_mla_force_mqa"] = True
+        if att:
+            kwargs["attention_config"] = att
+        if spec["backend"]:
+            # the MTP drafter selects its own backend (SpeculativeConfig.attention_backend,
+            # auto = FLASH_ATTN_MLA_SPARSE on sm90) unless told: same kernel as the target
+            kwargs["speculative_config"] = dict(ENGINE["speculative_config"], attention_backend=spec["backend"])
         llm = LLM(**kwargs)
         meta["init_s"] = time.perf_counter() - t0
         cfg = llm.llm_engine.vllm_config
@@ -134,6 +146,7 @@ def engine_main(spec: dict, result_dir: str) -> None:
         meta["compilation_mode"] = str(cfg.compilation_config.mode)
         meta["model_probe"] = llm.apply_model(describe_model)
         meta["worker_cudagraphs"] = llm.collective_rpc(worker_cudagraphs)
+        meta["drafter_probe"] = llm.collective_rpc(worker_drafter)
         meta["versions"] = {"vllm": vllm.__version__, "torch": torch.__version__,
                             "gpu": torch.cuda.get_device_name(0), "python": sys.version.split()[0]}
         try:
@@ -217,7 +230,7 @@ def build_jobs(args) -> list[dict]:
                     env = dict(base_env, **side_env)
                     jobs.append({"name": f"tp{tp}-{model}-{dtype}-{side}", "model": model,
                                  "model_dir": str(MODELS[model]), "dtype": dtype, "side": side,
-                                 "tp": tp, "backend": backend, "env": env,
+                                 "tp": tp, "backend": backend, "env": env, "force_mqa": args.force_mqa,
                                  "kv_bytes": args.kv_gib << 30})
     return jobs
 
@@ -275,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--kv-gib", type=int, default=4)
     ap.add_argument("--engine-timeout", type=float, default=420.0)
+    ap.add_argument("--force-mqa", action="store_true",
+                    help="attention_config.sparse_mla_force_mqa on every side: short prefills through the "
+                         "sparse kernels too (default: vLLM's shared dense prefill for them)")
     ap.add_argument("--only", default=None, metavar="REGEX",
                     help="run only the engines whose name (tpN-model-dtype-side) matches")
     ap.add_argument("--bounds", type=Path, default=HERE / "bounds.json")

@@ -194,3 +194,19 @@ def test_compare_identical_sides_is_zero_and_perturbations_are_seen():
     b, _ = compare.bounds_for("bfloat16", same | {"name": "calib"}, bounds)
     assert b["tf_mean_abs"] == bounds["floor"]["bfloat16"]["tf_mean_abs"]  # zero spread: the floor
     assert any("divergence_margin_max" in x for x in compare.check_bounds(c, b))
+
+
+def test_a_divergence_on_an_exact_tie_has_margin_zero_whatever_order_the_tie_came_back_in():
+    ref = _arrays()
+    ref["gen_top"][0, 3] = [ref["gen_ids"][0, 3] + 7, ref["gen_ids"][0, 3]]  # tie partner listed first
+    ref["gen_lp"][0, 3] = [-2.0, -2.0]
+    oth = {k: v.copy() for k, v in ref.items()}
+    oth["gen_ids"][0, 3] = ref["gen_ids"][0, 3] + 7
+    row = compare.compare_pair(ref, oth)["greedy"]["per_row"][0]
+    assert row == {"matched": 3, "ref_margin": 0.0}
+    oth["gen_ids"][0, 3] = 99999  # outside the reference's top-2: margin at least top-1 minus top-2
+    ref["gen_top"][0, 3] = [ref["gen_ids"][0, 3], ref["gen_ids"][0, 3] + 7]
+    ref["gen_lp"][0, 3] = [-2.0, -2.5]
+    g = compare.compare_pair(ref, oth)["greedy"]
+    assert g["per_row"][0] == {"matched": 3, "ref_margin_at_least": 0.5} and g["divergence_below_top2"] == 1
+
