@@ -436,3 +436,19 @@ def test_conflict_hunks_when_two_hunks_add_the_same_line(tmp_path):
     patch = series_mod.parse_patch(path)
     got = replay.hunks_with_markers(repo, patch, unidiff.PatchSet(text), ["f.py"])
     assert len(got) == 1 and got[0].startswith("hunk #2 of f.py"), got
+
+
+def test_empty_resolution_says_skip_not_abort(world):
+    """F15(b): staging the new base's version of the file (nothing left of the patch) must not end
+    with git am's own advice to abort; the tool says to skip the patch."""
+    tree = world["tree"]
+    assert smla(world, "--onto", world["c2"], "--source", str(world["up"])).exit_code == 11
+    _write(tree, "e.py", _edit(LINES, l30="E upstream"))  # keep upstream's line: the patch is dropped
+    proc.git(tree, "add", "--", "e.py")
+    res = smla(world, "--continue")
+    assert res.exit_code == 11
+    assert "resolution of 0005-Patch-e-conflicts.patch is empty" in res.output
+    assert "am --skip" in res.output and "git am --abort" not in res.output
+    proc.git(tree, "am", "--skip")
+    res = smla(world, "--continue", "--json")
+    assert res.exit_code == 0 and outcomes(json.loads(res.output))["Patch e"] == "skipped"

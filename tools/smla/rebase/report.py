@@ -12,12 +12,11 @@ Outcomes (docs/rebase.md):
 """
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from smla import report
-from smla.errors import RebaseConflict, TestsFailed
+from smla.errors import RebaseConflict, TestsFailed, cmd
 
 UNCHANGED = "unchanged"
 OFFSETS = "offsets"
@@ -120,11 +119,10 @@ class RebaseResult:
 
 
 def resolve_hint(tree: Path) -> str:
-    t = shlex.quote(str(tree))
     return (
-        f"resolve the conflicts in {tree} (edit, then `git -C {t} add <files>`), "
+        f"resolve the conflicts in {tree} (edit, then {cmd('git', '-C', tree, 'add', '<files>')}), "
         "then run `smla rebase --continue`; drop the patch with "
-        f"`git -C {t} am --skip` + `smla rebase --continue`; or give up with `smla rebase --abort`"
+        f"{cmd('git', '-C', tree, 'am', '--skip')} + `smla rebase --continue`; or give up with `smla rebase --abort`"
     )
 
 
