@@ -452,3 +452,11 @@ def test_empty_resolution_says_skip_not_abort(world):
     proc.git(tree, "am", "--skip")
     res = smla(world, "--continue", "--json")
     assert res.exit_code == 0 and outcomes(json.loads(res.output))["Patch e"] == "skipped"
+
+
+def test_commit_target_report_has_no_credentials(world, tmp_path):
+    from smla.rebase.target import Target
+
+    t = Target("x", "commit", "1" * 40, "0.0.1", "none", "none", "git",
+               fetch_from="https://bot:s3cret@github.example/vllm.git")
+    assert "s3cret" not in json.dumps(t.to_dict()) and "***@github.example" in t.to_dict()["fetch_from"]
