@@ -166,7 +166,7 @@ def _full_commit(short: str, version: str, pin: pin_mod.Pin, source_spec: str) -
         if cid.startswith(short) and _HEX40.match(cid):
             return cid, f"git ls-remote {cache.redact(remote)}"
     err = (res.stderr.strip().splitlines() or ["no matching tag"])[-1]
-    return None, f"`git ls-remote {cache.redact(remote)}` could not resolve it ({cache.redact(err)})"
+    return None, f"`git ls-remote {cache.redact(remote)}` could not resolve it ({cache.mask_credentials(err, remote)})"
 
 
 def _snapshot_base(tree: Path, old_base: str, target: Target, echo) -> str:
