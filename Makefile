@@ -83,3 +83,19 @@ explain: patch
 clean:
 	@if [ -e work/vllm ]; then $(MAKE) --no-print-directory venv && $(SMLA) clean $(ARGS); fi
 	rm -rf work dist $(VENV)
+
+# ---- End to end through vllm.LLM on a GPU (tests/e2e/README.md) ----
+# e2e-bundle: the wheel reduced to what the run needs + its pure-Python deps, in
+# pieces < 64 MiB with a sha256 manifest (under E2E_DIR, ignored by git).
+# test-e2e: on a CUDA machine holding the pieces (or after the staging calls on
+# the lent GPU): check, install, run ours vs the reference (E2E_ARGS: run_e2e.py).
+E2E_WHEEL ?= $(firstword $(wildcard dist/vllm-*.whl))
+E2E_DIR   ?= .e2e
+E2E_ARGS  ?=
+.PHONY: e2e-bundle test-e2e
+e2e-bundle: $(STAMP)
+	@test -n "$(E2E_WHEEL)" || { echo "error: no wheel in dist/: make build-wheel, or E2E_WHEEL=/path/to/vllm-*.whl" >&2; exit 2; }
+	$(BIN)/python tests/e2e/bundle.py --wheel "$(E2E_WHEEL)" --out "$(E2E_DIR)"
+
+test-e2e:
+	bash tests/e2e/device-run.sh run $(E2E_ARGS)

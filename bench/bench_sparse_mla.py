@@ -4,7 +4,7 @@
 Compares, on the same inputs and in the same run:
   ours   sparse_mla_fwd from the patched tree
          (work/vllm/vllm/v1/attention/ops/triton_sparse_mla.py, heuristic config)
-  seed   vLLM 0.16.0's own Triton MLA decode kernel, decode_attention_fwd
+  seed   the pinned vLLM's own Triton MLA decode kernel, decode_attention_fwd
          (vllm/v1/attention/ops/triton_decode_attention.py of the same tree),
          fed a page_size=1 "virtual block table": one request per query token,
          seq_len = top-k, block_table row = that token's slots; num_kv_splits=4
@@ -68,7 +68,7 @@ def load_ours():
 
 
 def load_seed():
-    """vLLM 0.16.0's triton_decode_attention.py, loaded by path with two stand-ins."""
+    """The pinned vLLM's triton_decode_attention.py, loaded by path with two stand-ins."""
     import triton
     import triton.language as tl
 
@@ -126,10 +126,13 @@ def make_seed(mod, kv, T, H, K, dtype):
     lse = torch.empty((T, H), dtype=dtype, device="cuda")
     seq = torch.full((T,), K, dtype=torch.int32, device="cuda")
     logits = torch.empty((T, H, SEED_SPLITS, DV + 1), dtype=torch.float32, device="cuda")
+    # Unit KV scales made once here, as vLLM's backend passes layer._k_scale: since 0.2x the
+    # kernel otherwise builds torch.tensor(1.0) per call (a host copy, not graph-capturable).
+    kv_scale = torch.ones((), dtype=torch.float32, device="cuda")
 
     def run(q, slots):
         mod.decode_attention_fwd(q, k_buf, v_buf, o, lse, slots, seq, logits, SEED_SPLITS,
-                                 SCALE, 1)
+                                 SCALE, 1, k_scale=kv_scale, v_scale=kv_scale)
         return o
 
     return run

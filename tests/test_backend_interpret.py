@@ -20,3 +20,27 @@ def test_backend_forward_interpreted_with_stand_ins(vllm_tree):
     m = re.search(r"rel_err (\S+)", proc.stdout)
     assert m, proc.stdout[-2000:]
     assert float(m.group(1)) < 1e-5
+
+
+def test_explicit_backend_validation_reasons(vllm_tree):
+    """--attention-backend TRITON_MLA_SPARSE through vLLM's own selector
+    (capability mocked by smla.selection): valid wherever the kernel runs,
+    refused with a reason for fp8 caches, a 16-bit cache of the other type
+    than the model, and GPUs below sm80."""
+    from smla import selection as S
+
+    cells = [
+        S.Cell("glm-5", "8.6", "float16", backend="TRITON_MLA_SPARSE"),
+        S.Cell("glm-5", "12.0", "bfloat16", kv_cache_dtype="bfloat16", backend="TRITON_MLA_SPARSE"),
+        S.Cell("glm-5", "9.0", "bfloat16", backend="TRITON_MLA_SPARSE"),
+        S.Cell("glm-5", "8.0", "bfloat16", kv_cache_dtype="fp8", backend="TRITON_MLA_SPARSE"),
+        S.Cell("glm-5", "8.9", "float16", kv_cache_dtype="bfloat16", backend="TRITON_MLA_SPARSE"),
+        S.Cell("glm-5", "7.5", "float16", backend="TRITON_MLA_SPARSE"),
+    ]
+    res = S.run_selection(vllm_tree, cells)
+    picked = [r.get("selected") for r in res]
+    assert picked[:3] == ["TRITON_MLA_SPARSE"] * 3, [(r.get("selected"), r.get("error")) for r in res]
+    assert picked[3:] == [None, None, None]
+    assert "fp8 KV cache not supported by TRITON_MLA_SPARSE" in res[3]["error"]
+    assert "needs the cache in the model dtype" in res[4]["error"]
+    assert "compute capability not supported" in res[5]["error"]

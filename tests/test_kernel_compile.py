@@ -108,7 +108,7 @@ def compile_report(arch: int, configs: list[dict] | None = None) -> list[dict]:
     fwd = mod._sparse_mla_fwd_kernel
     fwd_sig = _signature(
         fwd, dt_name,
-        dict(q_ptr="dt", kv_ptr="dt", slots_ptr="i32", out_ptr="dt", part_out_ptr="fp32",
+        dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="dt", slots_ptr="i32", out_ptr="dt", part_out_ptr="fp32",
              part_lse_ptr="fp32"),
         {"D_NOPE", "D_PE", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "IEEE_DOT", "PDL"},
         float_names=("qk_scale",))

@@ -179,3 +179,58 @@ def test_heuristic_bounds(smla):
     c = cfg(128, 1, 2048, torch.bfloat16, cpu)
     assert c["BLOCK_H"] == 64 and c["num_splits"] >= 1
     assert cfg(8, 1, 2048, torch.float16, cpu)["BLOCK_H"] == 16
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_split_query_in_place(smla, num_splits):
+    # vLLM 0.26.0's MLA layer hands forward_mqa (ql_nope, q_pe): ql_nope is a
+    # transposed bmm output [T, H, 512] with head stride T*512, q_pe a slice of
+    # the projected query.  The kernel must read both in place and give the
+    # same result as on the concatenated query.
+    T, H, K = 3, 16, 40
+    q, kv, slots = make_case(T, H, K, torch.float16, seed=21, empty_rows=(2,))
+    ql_nope = q[..., :DV].transpose(0, 1).contiguous().transpose(0, 1)
+    g = torch.Generator().manual_seed(22)
+    q_wide = torch.randn(T, H, 192 + 64, generator=g).half()
+    q_wide[..., 192:] = q[..., DV:]
+    q_pe = q_wide[..., 192:]
+    assert not ql_nope.is_contiguous() and not q_pe.is_contiguous()
+    out = torch.full((T, H, DV), float("nan"), dtype=torch.float16)
+    res = smla.sparse_mla_fwd(ql_nope, kv, slots, SCALE, out=out, q_pe=q_pe,
+                              num_splits=num_splits)
+    assert res.data_ptr() == out.data_ptr()
+    check(out, reference_sparse_mla(q, kv, slots, SCALE), slots, torch.float16)
+    whole = smla.sparse_mla_fwd(q, kv, slots, SCALE, num_splits=num_splits)
+    assert torch.equal(out, whole)
+
+
+def test_scratch_buffer_is_used(smla):
+    # With a caller-owned scratch buffer the split-K partials go there (its
+    # contents change) and the result matches the allocating path.
+    T, H, K = 2, 16, 256  # >= 4 tiles of any BLOCK_N the heuristic picks
+    q, kv, slots = make_case(T, H, K, torch.float16, seed=31)
+    need = smla.sparse_mla_scratch_numel(T, H, K, torch.float16, torch.device("cpu"),
+                                         num_splits=4)
+    assert need == T * H * 4 * (DV + 1)
+    scratch = torch.full((need + 7,), float("nan"))
+    out = smla.sparse_mla_fwd(q, kv, slots, SCALE, num_splits=4, scratch=scratch)
+    assert not torch.isnan(scratch[:need]).all()
+    assert torch.isnan(scratch[need:]).all()
+    ref = smla.sparse_mla_fwd(q, kv, slots, SCALE, num_splits=4)
+    assert torch.equal(out, ref)
+    with pytest.raises(AssertionError):
+        smla.sparse_mla_fwd(q, kv, slots, SCALE, num_splits=4, scratch=scratch[: need - 1])
+    # No split: no scratch needed.
+    assert smla.sparse_mla_scratch_numel(T, H, K, torch.float16, torch.device("cpu"),
+                                         num_splits=1) == 0
+
+
+def test_convert_into_given_buffer(smla):
+    g = torch.Generator().manual_seed(41)
+    block_table = torch.randint(0, 100, (2, 4), generator=g, dtype=torch.int32)
+    req_id = torch.tensor([1, 0, 1], dtype=torch.int32)
+    topk = torch.randint(-1, 64, (3, 50), generator=g, dtype=torch.int32)
+    out = torch.full((3, 50), 12345, dtype=torch.int32)
+    res = smla.convert_req_local_to_slots(req_id, block_table, topk, 16, out=out)
+    assert res.data_ptr() == out.data_ptr()
+    assert torch.equal(out, reference_convert(req_id, block_table, topk, 16))

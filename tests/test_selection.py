@@ -1,172 +1,192 @@
-"""Attention-backend selection for DSA sparse MLA, through vLLM's own selector.
+"""The selection matrix: issue 11's policy "fill the holes, never override upstream".
 
-CPU only.  Uses tools/smla/selection.py, which imports the real vLLM tree in a
-subprocess with stand-ins for compiled modules and a mocked CUDA platform /
-device capability (see its docstring for the full list).  One subprocess per
-tree answers the whole matrix.
+CPU only.  smla.selection imports the real trees in child interpreters (one
+per tree, run concurrently) with a mocked CUDA platform / capability and
+stand-ins for compiled modules (tools/smla/_selection_worker.py names them).
+
+Axes: capability (selection.CAPABILITIES) x model dtype x KV-cache dtype
+(auto, bfloat16, float16, fp8, fp8_e4m3, fp8_ds_mla) x heads per GPU (8, 16,
+64, 128) for the GLM-5 and DeepSeek-V3.2 geometries, plus a few extra cells
+(index_topk other than 2048 on sm12x, a pre-Ampere capability).
+
+The pristine side is the work tree's own base (tag smla-base, exported by
+smla.explain.pristine_tree), so nothing here names a vLLM version or an
+upstream pick: every expectation is pristine's answer plus the policy:
+
+  P1  pristine picks X              -> patched picks X (and the same KV-cache
+                                       format after selection)
+  P2  pristine picks nothing, and our kernel can run the cell
+                                    -> patched picks TRITON_MLA_SPARSE
+  P3  pristine picks nothing, and our kernel cannot run it
+                                    -> patched refuses with vLLM's "No valid
+                                       attention backend" error, which carries
+                                       TRITON_MLA_SPARSE's own reasons
+  P4  --attention-backend TRITON_MLA_SPARSE validates and is selected
+      wherever our kernel can run; elsewhere it is refused with reasons.
+
+"Our kernel can run" (ours_can_run) is the kernel's contract, not an
+observation: compute capability >= 8.0, a 16-bit KV cache in the model
+dtype (kv "auto", or the model dtype named explicitly), no fp8 cache yet.
 """
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
-import smla.selection as H
+import smla.selection as S
 from smla import explain
 
-NEW = "TRITON_MLA_SPARSE"
-MATRIX = [(p, c, d) for p in H.PRESETS for c in H.CAPABILITIES for d in H.DTYPES]
+OURS = "TRITON_MLA_SPARSE"
+FP8_KV = ("fp8", "fp8_e4m3", "fp8_ds_mla")
+
+# Extra cells beyond the matrix: an indexer top-k other than 2048 (a config
+# variant of each preset), and a GPU below Ampere.
+TOPK_1024 = {p: json.dumps({**S.preset_config(p), "index_topk": 1024}) for p in S.PRESETS}
+EXTRA = (
+    [S.Cell(f"{p}+topk1024", cc, d, kv_cache_dtype=kv, heads=64, config=TOPK_1024[p])
+     for p in S.PRESETS for cc in ("9.0", "10.0", "12.0", "12.1") for d in S.DTYPES
+     for kv in ("auto", "fp8")]
+    + [S.Cell(p, "7.5", "float16", heads=h) for p in S.PRESETS for h in (16, 128)]
+)
 
 
-def expected_pick(cap: str, dtype: str) -> str:
-    if cap in ("9.0", "10.0") and dtype == "bfloat16":
-        return "FLASHMLA_SPARSE"
-    return NEW
+def ours_can_run(cell: S.Cell) -> bool:
+    major, minor = (int(x) for x in cell.capability.split("."))
+    if (major, minor) < (8, 0):
+        return False
+    return cell.kv_cache_dtype in ("auto", cell.dtype)
 
 
-def _key(r):
-    return H.Cell(**{k: r[k] for k in (
-        "preset", "capability", "dtype", "kv_cache_dtype", "block_size",
-        "backend")}).key()
+def _key(cell_or_result) -> tuple:
+    cell = cell_or_result if isinstance(cell_or_result, S.Cell) else S.Cell.of(cell_or_result)
+    return cell.key()
+
+
+AUTO_CELLS = S.matrix_cells() + EXTRA
+EXPLICIT_CELLS = S.matrix_cells(backend=OURS) + [
+    S.Cell(c.preset, c.capability, c.dtype, c.kv_cache_dtype, heads=c.heads, backend=OURS, config=c.config)
+    for c in EXTRA]
 
 
 @pytest.fixture(scope="module")
-def selections(vllm_tree):
-    """(patched, pristine) results; both trees are answered concurrently.
+def trees(vllm_tree):
+    """{"patched": {key: result}, "pristine": {key: result}}.
 
-    The pristine tree is vLLM at tag smla-base, exported with `git archive`
-    from the work tree's own repository (cached: smla.explain.pristine_tree)."""
-    dest = explain.pristine_tree(vllm_tree)
-    patched_cells = (
-        H.matrix_cells()
-        + H.matrix_cells(backend=NEW)
-        + [H.Cell(p, c, "bfloat16", kv_cache_dtype="fp8", backend=NEW)
-           for p in H.PRESETS for c in ("8.6", "12.0")]
-        + [H.Cell("glm-5", "12.0", "float16", kv_cache_dtype="bfloat16",
-                  backend=NEW)]
+    One child interpreter per tree, both at once.  The pristine one answers
+    the cells twice, the second time in reverse order: a selection cached
+    across cells (vLLM caches a lot with functools) would show up as a
+    difference between the two passes."""
+    pristine_tree = explain.pristine_tree(vllm_tree)
+    patched, pristine = S.run_selections(
+        [(vllm_tree, AUTO_CELLS + EXPLICIT_CELLS),
+         (pristine_tree, AUTO_CELLS + AUTO_CELLS[::-1])])
+    n = len(AUTO_CELLS)
+    first, second = pristine[:n], pristine[n:][::-1]
+    return {"patched": {_key(r): r for r in patched},
+            "pristine": {_key(r): r for r in first},
+            "pristine_second_pass": {_key(r): r for r in second}}
+
+
+def _ids(cells):
+    return [f"{c.preset}-{c.capability}-{c.dtype}-kv_{c.kv_cache_dtype}-h{c.heads}" for c in cells]
+
+
+def test_every_cell_answered(trees):
+    for side in ("patched", "pristine"):
+        for r in trees[side].values():
+            assert "input_error" not in r and not r.get("not_mla"), r
+            assert r["model"]["use_sparse"] and r["model"]["head_size"] == 576
+            assert r["priority"], r
+    assert len(trees["pristine"]) == len(AUTO_CELLS)
+    assert len(trees["patched"]) == len(AUTO_CELLS) + len(EXPLICIT_CELLS)
+
+
+def test_answers_do_not_depend_on_cell_order(trees):
+    for key, r in trees["pristine"].items():
+        again = trees["pristine_second_pass"][key]
+        for field in ("selected", "error", "priority", "kv_cache_dtype_used"):
+            assert r.get(field) == again.get(field), (key, field)
+
+
+def test_heads_and_kv_dtype_reach_vllm(trees):
+    """The cell's heads per GPU and KV-cache dtype are what vLLM's selector
+    saw (AttentionSelectorConfig / num_heads), for every cell."""
+    for key, r in trees["pristine"].items():
+        assert r["heads_per_gpu"] == r["heads"]
+        assert r["selector_config"]["kv_cache_dtype"] == r["kv_cache_dtype"]
+        assert r["selector_config"]["dtype"] == f"torch.{r['dtype']}"
+
+
+@pytest.mark.parametrize("cell", AUTO_CELLS, ids=_ids(AUTO_CELLS))
+def test_policy(trees, cell):
+    pri = trees["pristine"][_key(cell)]
+    pat = trees["patched"][_key(cell)]
+    # upstream's list is untouched: ours is only added
+    pristine_order = [p["backend"] for p in pri["priority"]]
+    patched_order = [p["backend"] for p in pat["priority"]]
+    assert OURS not in pristine_order
+    assert [b for b in patched_order if b != OURS] == pristine_order
+    assert patched_order.count(OURS) == 1
+    for a, b in zip(pri["priority"], [p for p in pat["priority"] if p["backend"] != OURS]):
+        assert a == b  # same verdicts and reasons for every upstream backend
+    ours = next(p for p in pat["priority"] if p["backend"] == OURS)
+
+    if pri["selected"] is not None:  # P1
+        assert pat["selected"] == pri["selected"]
+        assert pat["kv_cache_dtype_used"] == pri["kv_cache_dtype_used"]
+        assert pat["error"] is None
+    elif ours_can_run(cell):  # P2
+        assert pat["selected"] == OURS, pat["error"]
+        assert ours["valid"] and ours["reasons"] == []
+        assert pat["kv_cache_dtype_used"] == cell.kv_cache_dtype
+    else:  # P3
+        assert pat["selected"] is None
+        assert not ours["valid"] and ours["reasons"]
+        assert pat["error"].startswith("No valid attention backend found")
+        assert f"{OURS}: [{', '.join(ours['reasons'])}]" in pat["error"]
+        if cell.kv_cache_dtype in FP8_KV:
+            assert any("fp8" in why for why in ours["reasons"]), ours["reasons"]
+
+
+@pytest.mark.parametrize("cell", EXPLICIT_CELLS, ids=_ids(EXPLICIT_CELLS))
+def test_explicit_backend(trees, cell):  # P4
+    r = trees["patched"][_key(cell)]
+    if ours_can_run(cell):
+        assert r["requested"] == {"backend": OURS, "valid": True, "reasons": []}
+        assert r["selected"] == OURS and r["error"] is None
+    else:
+        assert r["requested"]["backend"] == OURS
+        assert not r["requested"]["valid"] and r["requested"]["reasons"]
+        assert r["selected"] is None
+        assert OURS in r["error"] and "not valid" in r["error"]
+
+
+def test_import_vllm_tree_in_process(vllm_tree):
+    """import_vllm_tree (what the backend tests use) in a fresh interpreter:
+    vLLM comes from the tree, the platform is CUDA with the given capability,
+    and every stand-in it reports is one the worker documents."""
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from smla.selection import import_vllm_tree\n"
+        "used = import_vllm_tree(sys.argv[1], capability='12.0')\n"
+        "import vllm, vllm.platforms.cuda as cuda\n"
+        "from vllm.platforms import current_platform as p\n"
+        "print(json.dumps({'used': used, 'file': vllm.__file__,\n"
+        "  'cuda': isinstance(p, cuda.CudaPlatformBase), 'cap': p.get_device_capability().as_version_str()}))\n"
     )
-    patched, pristine = H.run_selections(
-        [(vllm_tree, patched_cells), (dest, H.matrix_cells())])
-    return ({_key(r): r for r in patched},
-            {(r["preset"], r["capability"], r["dtype"]): r for r in pristine})
-
-
-@pytest.fixture(scope="module")
-def patched(selections):
-    return selections[0]
-
-
-@pytest.fixture(scope="module")
-def pristine(selections):
-    return selections[1]
-
-
-def _cell(preset, cap, dtype, backend=None, kv="auto"):
-    return H.Cell(preset, cap, dtype, kv_cache_dtype=kv, backend=backend).key()
-
-
-def _table_rows(table: str) -> dict[tuple[str, str, str], tuple[str, str, str]]:
-    """format_table output -> {(preset, cc, dtype): (kv_cache, requested, selected)}."""
-    lines = table.splitlines()
-    assert lines[0].split() == ["preset", "cc", "dtype", "kv_cache", "requested", "selected"]
-    assert set(lines[1].replace(" ", "")) == {"-"}
-    rows = {}
-    for line in lines[2:]:
-        preset, cc, dtype, kv, req, sel = line.split(maxsplit=5)
-        assert (preset, cc, dtype) not in rows, line
-        rows[(preset, cc, dtype)] = (kv, req, sel)
-    return rows
-
-
-def test_format_table(patched, pristine):
-    """The CLI table (tools/smla/selection.py) has one row per matrix cell: the
-    patched tree picks FLASHMLA_SPARSE on sm90/sm100 bf16 and
-    TRITON_MLA_SPARSE elsewhere; the pristine tree errors on the other 12."""
-    auto = [r for r in patched.values()
-            if r["backend"] is None and r["kv_cache_dtype"] == "auto"]
-    table = H.format_table(auto)
-    print("\npatched:\n" + table)
-    rows = _table_rows(table)
-    assert sorted(rows) == sorted(MATRIX)
-    for (preset, cap, dtype), (kv, req, sel) in rows.items():
-        assert (kv, req, sel) == ("auto", "auto", expected_pick(cap, dtype))
-
-    table = H.format_table(list(pristine.values()))
-    print("\npristine:\n" + table)
-    rows = _table_rows(table)
-    assert sorted(rows) == sorted(MATRIX)
-    for (preset, cap, dtype), (kv, req, sel) in rows.items():
-        assert (kv, req) == ("auto", "auto")
-        if expected_pick(cap, dtype) == "FLASHMLA_SPARSE":
-            assert sel == "FLASHMLA_SPARSE"
-        else:
-            assert sel == "ERROR: No valid attention backend found for cuda", sel
-    assert NEW not in table
-
-
-@pytest.mark.parametrize("preset,cap,dtype", MATRIX)
-def test_patched_auto_selection(patched, preset, cap, dtype):
-    r = patched[_cell(preset, cap, dtype)]
-    assert r["error"] is None, r["error"]
-    assert r["selected"] == expected_pick(cap, dtype)
-    ours = {p["backend"]: p for p in r["priority"]}[NEW]
-    assert ours["valid"], ours["reasons"]
-    names = [p["backend"] for p in r["priority"]]
-    assert names.index(NEW) == names.index("FLASHMLA_SPARSE") + 1
-
-
-@pytest.mark.parametrize("preset,cap,dtype", MATRIX)
-def test_patched_explicit_backend_validates(patched, preset, cap, dtype):
-    r = patched[_cell(preset, cap, dtype, backend=NEW)]
-    assert r["requested"] == {"backend": NEW, "valid": True, "reasons": []}
-    assert r["selected"] == NEW and r["error"] is None
-
-
-@pytest.mark.parametrize("preset", list(H.PRESETS))
-@pytest.mark.parametrize("cap", ["8.6", "12.0"])
-def test_fp8_kv_cache_refused_with_reason(patched, preset, cap):
-    r = patched[_cell(preset, cap, "bfloat16", backend=NEW, kv="fp8")]
-    reasons = r["requested"]["reasons"]
-    assert "kv_cache_dtype not supported" in reasons
-    assert any("fp8 KV cache not supported by TRITON_MLA_SPARSE" in x
-               for x in reasons)
-    assert r["selected"] is None
-    assert f"Selected backend AttentionBackendEnum.{NEW} is not valid" in r["error"]
-
-
-def test_bf16_cache_with_fp16_model_refused(patched):
-    r = patched[_cell("glm-5", "12.0", "float16", backend=NEW, kv="bfloat16")]
-    assert not r["requested"]["valid"]
-    assert any("needs model dtype bfloat16" in x for x in r["requested"]["reasons"])
-
-
-@pytest.mark.parametrize("preset,cap,dtype", MATRIX)
-def test_pristine_seed_behaviour(pristine, preset, cap, dtype):
-    r = pristine[(preset, cap, dtype)]
-    assert NEW not in [p["backend"] for p in r["priority"]]
-    if expected_pick(cap, dtype) == "FLASHMLA_SPARSE":
-        assert r["selected"] == "FLASHMLA_SPARSE"
-        return
-    assert r["selected"] is None
-    assert r["error"].startswith("No valid attention backend found for cuda with ")
-    assert "TRITON_MLA: [sparse not supported]" in r["error"]
-    if cap.split(".")[0] not in ("9", "10"):
-        assert "FLASHMLA_SPARSE: [" in r["error"]
-        assert "compute capability not supported" in (
-            {p["backend"]: p for p in r["priority"]}["FLASHMLA_SPARSE"]["reasons"])
-
-
-def test_pristine_12_0_exact_reasons(pristine):
-    for dtype in H.DTYPES:
-        r = pristine[("glm-5", "12.0", dtype)]
-        reasons = {p["backend"]: p["reasons"] for p in r["priority"]}
-        assert reasons["TRITON_MLA"] == ["sparse not supported"]
-        want = (["compute capability not supported"] if dtype == "bfloat16"
-                else ["dtype not supported", "compute capability not supported"])
-        assert reasons["FLASHMLA_SPARSE"] == want
-        assert all(not p["valid"] for p in r["priority"])
-
-
-def test_pristine_fails_12_of_14(pristine):
-    for preset in H.PRESETS:
-        failing = [(c, d) for c in H.CAPABILITIES for d in H.DTYPES
-                   if pristine[(preset, c, d)]["selected"] is None]
-        assert len(failing) == 12, failing
+    out = subprocess.run([sys.executable, "-c", code, str(vllm_tree)], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["file"].startswith(str(vllm_tree.resolve()))
+    assert data["cuda"] and data["cap"] == "12.0"
+    from smla import _selection_worker as W
+    for item in data["used"]:
+        name = item.split(" (")[0]
+        assert (name in W.COMPILED or name in W.FLASHINFER or name == "vllm.vllm_flash_attn"
+                or item.startswith(("no CUDA device", "CUDA platform"))), item

@@ -1,19 +1,87 @@
 #!/usr/bin/env bash
-# GPU tests on a machine without network access (the lent H200): install the
-# wheels of .bundle (made beforehand with tests/gpu/make-bundle.sh, on a machine with network)
-# into /tmp/site, then run the gpu-marked tests against the carried work tree.
-# usage (from the repo root): bash tests/gpu/device-run.sh [pytest args]
-# Results: $OUT/gpu-results.jsonl (one line per kernel case) and $OUT/gpu-tests.log.
+# GPU tests on the lent H200 (no network, 64 MiB per call).  `all` (one call) is what produced
+# tests/gpu/results; the two-phase variant needs two consecutive calls on the same warm machine (the
+# files of phase 1 left in /tmp are still there for phase 2), which another user's call in between breaks:
+#   all      carry .gpu-port/so .gpu-port/tree : kernel tests, backend tests (native import with vLLM's
+#            compiled ops), benchmark
+#   kernels  carry .gpu-port/so .gpu-port/kern : unpack vLLM's compiled ops to /tmp/smla-port
+#            (checked against SHA256SUMS), run tests/gpu/test_kernel_gpu.py and the benchmark
+#   backend  carry .gpu-port/tree : unpack the patched tree, put the compiled ops of phase 1 into
+#            it, install the wheels, run tests/gpu/test_backend_gpu.py with vLLM imported natively
+#            (stand-in import if phase 1's ops are missing: the real-op test then skips)
+#   bench    carry .gpu-port/kern : the benchmark alone
+# usage (repo root): bash tests/gpu/device-run.sh all|kernels|backend|bench [pytest args]
+# Results under $OUT: gpu-env.txt, gpu-tests-<phase>.log, gpu-results.jsonl, bench/ (kernels).
 set -euo pipefail
+phase=${1:?usage: device-run.sh kernels|backend [pytest args]}
+shift
 out=${OUT:-/tmp/smla-gpu-out}
-mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .bundle/whl/*.whl
-cp -r .bundle/site-extra/* /tmp/site/
-export PYTHONPATH=/tmp/site:$PWD
-export SMLA_TREE=$PWD/work/vllm
-export SMLA_GPU_RESULTS=$out/gpu-results.jsonl
+work=/tmp/smla-port
+b=.gpu-port
+mkdir -p "$out" "$work"
 unset TRITON_INTERPRET
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu-env.txt"
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$out/gpu-env.txt"
-set -o pipefail
-python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -rA "$@" 2>&1 | tee "$out/gpu-tests.log"
+{
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)'
+} | tee "$out/gpu-env-$phase.txt"
+case "$phase" in
+  kernels)
+    (xz -dc "$b/so/_C_stable_libtorch.abi3.so.xz" > "$work/_C_stable_libtorch.abi3.so" \
+      && cp "$b/so/SHA256SUMS" "$work/" && cd "$work" && sha256sum -c SHA256SUMS) > "$out/so-unpack.log" 2>&1 &
+    unpack=$!
+    export SMLA_TREE=$PWD/$b/kern SMLA_GPU_RESULTS=$out/gpu-results.jsonl
+    rc=0
+    python3 -m pytest tests/gpu/test_kernel_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
+      > "$out/gpu-tests-kernels.log" 2>&1 || rc=$?
+    tail -3 "$out/gpu-tests-kernels.log"
+    timeout 150 python3 bench/bench_sparse_mla.py --prewarm 14 --out "$out/bench" \
+      > "$out/bench.log" 2>&1 || echo "bench exit $?" | tee -a "$out/bench.log"
+    tail -3 "$out/bench.log"
+    wait "$unpack" || echo "unpacking the compiled ops failed" | tee -a "$out/so-unpack.log"
+    cat "$out/so-unpack.log"
+    exit $rc
+    ;;
+  backend)
+    rm -rf "$work/tree" && mkdir -p "$work/tree"
+    xz -dc "$b/tree/tree.tar.xz" | tar -x -C "$work/tree"
+    if [ -f "$work/SHA256SUMS" ] && (cd "$work" && sha256sum -c --quiet SHA256SUMS); then
+      cp "$work/_C_stable_libtorch.abi3.so" "$work/tree/vllm/"
+      echo "vLLM compiled ops: present (sha256 ok)" | tee -a "$out/gpu-env-$phase.txt"
+    else
+      echo "vLLM compiled ops: MISSING (phase 1 files gone): stand-in import" | tee -a "$out/gpu-env-$phase.txt"
+    fi
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$b"/tree/whl/*.whl
+    cp -r "$b"/tree/site-extra/* /tmp/site/
+    export PYTHONPATH=/tmp/site:$PWD/tools SMLA_TREE=$work/tree
+    export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
+    python3 -m pytest tests/gpu/test_backend_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
+      2>&1 | tee "$out/gpu-tests-backend.log"
+    ;;
+  all)  # carry .gpu-port/so .gpu-port/tree : everything in one call
+    rm -rf "$work/tree" && mkdir -p "$work/tree"
+    xz -dc "$b/tree/tree.tar.xz" | tar -x -C "$work/tree"
+    xz -dc "$b/so/_C_stable_libtorch.abi3.so.xz" > "$work/tree/vllm/_C_stable_libtorch.abi3.so"
+    (cd "$work/tree/vllm" && sha256sum -c "$OLDPWD/$b/so/SHA256SUMS") | tee -a "$out/gpu-env-$phase.txt"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$b"/tree/whl/*.whl
+    cp -r "$b"/tree/site-extra/* /tmp/site/
+    export SMLA_TREE=$work/tree SMLA_GPU_RESULTS=$out/gpu-results.jsonl
+    rc=0
+    python3 -m pytest tests/gpu/test_kernel_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
+      > "$out/gpu-tests-kernels.log" 2>&1 || rc=$?
+    tail -2 "$out/gpu-tests-kernels.log"
+    PYTHONPATH=/tmp/site:$PWD/tools VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING} \
+      python3 -m pytest tests/gpu/test_backend_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
+      > "$out/gpu-tests-backend.log" 2>&1 || rc=$?
+    grep -E "^(PASSED|FAILED|ERROR|SKIPPED)" "$out/gpu-tests-backend.log" | cut -c1-150; tail -2 "$out/gpu-tests-backend.log"
+    timeout 150 python3 bench/bench_sparse_mla.py --prewarm 14 --out "$out/bench" \
+      > "$out/bench.log" 2>&1 || echo "bench exit $?" | tee -a "$out/bench.log"
+    tail -2 "$out/bench.log"
+    exit $rc
+    ;;
+  bench)  # carry .gpu-port/kern: the benchmark alone (also part of `kernels`)
+    timeout 150 python3 bench/bench_sparse_mla.py --prewarm 14 --out "$out/bench" \
+      > "$out/bench.log" 2>&1 || echo "bench exit $?" | tee -a "$out/bench.log"
+    tail -3 "$out/bench.log"
+    ;;
+  *) echo "unknown phase $phase" >&2; exit 2 ;;
+esac

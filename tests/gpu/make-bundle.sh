@@ -1,20 +1,61 @@
 #!/usr/bin/env bash
-# Build .bundle/ for tests/gpu/device-run.sh: the wheels of bundle-requirements.txt
-# for CPython 3.12 on x86-64 Linux, plus a minimal vllm dist-info (vLLM picks its
-# platform from the installed distribution's metadata; a source tree has none).
-# usage (repo root, with network): bash tests/gpu/make-bundle.sh [OUTDIR=.bundle]
+# Build the bundle for tests/gpu/device-run.sh (the lent H200: torch 2.11 + triton 3.6, no network,
+# 64 MiB per call), in parts that travel together in one call (device-run.sh all; ~64 MB with the repo):
+#   OUTDIR/so/    vllm/_C_stable_libtorch.abi3.so of the official wheel of the pinned release
+#                 (all of vLLM's CUDA ops, torch.ops._C*), xz-compressed (~55 MB), + its sha256
+#   OUTDIR/kern/  the kernel files the kernel tests and the benchmark load by path (+ vllm/__init__.py)
+#   OUTDIR/tree/  the patched tree's vllm/ (tracked files less tests/gpu/bundle-prune.txt, tar.xz), the wheels of
+#                 bundle-requirements.txt and a vllm-<version>.dist-info (vLLM picks its platform
+#                 from the installed distribution's metadata; a source tree has none)
+# usage (repo root, after `make patch`, with network for the wheels):
+#   bash tests/gpu/make-bundle.sh [OUTDIR=.gpu-port] [WHEEL=<official wheel of the pin>]
+# OUTDIR must be git-ignored (it is listed in .git/info/exclude).
 set -euo pipefail
-out=${1:-.bundle}
-mkdir -p "$out/whl" "$out/site-extra/vllm-0.16.0.dist-info"
+out=${1:-.gpu-port}
+version=$(sed -n 's/^version *= *//p' vllm-pin.txt)
+wheel=${2:-$HOME/.cache/vllm-sparse-mla/downloads/vllm-$version-cp38-abi3-manylinux_2_28_x86_64.whl}
+tree=${SMLA_TREE:-work/vllm}
+py=${PYTHON:-python3}
+test -f "$wheel" || { echo "no official wheel at $wheel (give its path as the 2nd argument)" >&2; exit 2; }
+rm -rf "$out" && mkdir -p "$out/so" "$out/kern/vllm/v1/attention/ops" "$out/tree/whl" \
+  "$out/tree/site-extra/vllm-$version.dist-info"
+
+"$py" - "$wheel" "$out/so" <<'PY'
+import hashlib, sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+data = zipfile.ZipFile(wheel).read("vllm/_C_stable_libtorch.abi3.so")
+open(f"{dest}/_C_stable_libtorch.abi3.so", "wb").write(data)
+open(f"{dest}/SHA256SUMS", "w").write(hashlib.sha256(data).hexdigest() + "  _C_stable_libtorch.abi3.so\n")
+PY
+xz -T0 -9 --x86 --lzma2=preset=9 -f "$out/so/_C_stable_libtorch.abi3.so"
+
+cp "$tree"/vllm/__init__.py "$out/kern/vllm/"  # tests check for a vLLM tree by this file
+cp "$tree"/vllm/v1/attention/ops/triton_sparse_mla.py "$tree"/vllm/v1/attention/ops/triton_decode_attention.py \
+  "$out/kern/vllm/v1/attention/ops/"
+
+git -C "$tree" ls-files vllm | grep -v '\.\(md\|png\|jpg\)$' | "$py" -c '
+import sys
+prune, keep = [], set()
+for line in open("tests/gpu/bundle-prune.txt"):
+    kind, _, path = line.partition(" ")
+    if kind == "prune":
+        prune.append(path.strip() + "/")
+    elif kind == "keep":
+        keep.add(path.strip())
+for f in sys.stdin.read().split():
+    if f in keep or not any(f.startswith(p) for p in prune):
+        print(f)
+' | tar -C "$tree" -T - -cf - | xz -T0 -9 > "$out/tree/tree.tar.xz"
 platforms=()
 for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_26_x86_64 manylinux_2_28_x86_64 \
          manylinux1_x86_64 manylinux_2_5_x86_64 any; do
   platforms+=(--platform "$p")
 done
 grep -Ev '^\s*(#|$)' tests/gpu/bundle-requirements.txt | while read -r req; do
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp "${platforms[@]}" -d "$out/whl" "$req"
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp "${platforms[@]}" -d "$out/tree/whl" "$req"
 done
-printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.16.0\n' > "$out/site-extra/vllm-0.16.0.dist-info/METADATA"
-printf 'vllm\n' > "$out/site-extra/vllm-0.16.0.dist-info/top_level.txt"
-du -sh "$out"
+printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$version" \
+  > "$out/tree/site-extra/vllm-$version.dist-info/METADATA"
+printf 'vllm\n' > "$out/tree/site-extra/vllm-$version.dist-info/top_level.txt"
+du -sb "$out"/so "$out"/kern "$out"/tree

@@ -189,3 +189,31 @@ def test_convert_gpu(smla, K):
                          dtype=torch.int32)
     out = smla.convert_req_local_to_slots(req_id, block_table, topk, bs)
     assert torch.equal(out.cpu(), reference_convert(req_id, block_table, topk, bs))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dt)
+@pytest.mark.parametrize("heads,T", [(16, 1), (64, 2), (128, 48)])
+def test_split_query_pair_as_vllm_passes_it(smla, caches, dtype, heads, T):
+    """vLLM 0.26's MLA layer hands forward_mqa (ql_nope, q_pe): ql_nope the
+    transposed bmm output [T, H, 512] (head stride T*512), q_pe a view of the
+    projected query.  Read in place (q_pe=...), with a caller-owned scratch
+    buffer, the result equals the concatenated query's bit for bit."""
+    topk = 2048
+    q = make_q(T, heads, dtype, seed=heads + T)
+    ql_nope = q[..., :DV].transpose(0, 1).contiguous().transpose(0, 1)
+    wide = torch.zeros(T, heads, 192 + 64, dtype=dtype, device="cuda")
+    wide[..., 192:] = q[..., DV:]
+    q_pe = wide[..., 192:]
+    slots = make_slots(T, topk, CACHE_SLOTS, seed=T * heads, empty_rows=(1,))
+    kv = caches[dtype]
+    need = smla.sparse_mla_scratch_numel(T, heads, topk, dtype, torch.device("cuda"))
+    scratch = torch.empty(max(need, 1), dtype=torch.float32, device="cuda")
+    out = torch.full((T, heads, DV), float("nan"), dtype=dtype, device="cuda")
+    smla.sparse_mla_fwd(ql_nope, kv, slots, SCALE, out=out, q_pe=q_pe, scratch=scratch)
+    whole = smla.sparse_mla_fwd(q, kv, slots, SCALE)
+    torch.cuda.synchronize()
+    assert torch.equal(out, whole)
+    ref = reference_sparse_mla(q, kv, slots, SCALE, token_chunk=16)
+    err = rel_err(out, ref)
+    record("split_query_pair", dtype, heads, topk, T, err, err < BOUNDS[dtype])
+    assert err < BOUNDS[dtype], f"rel err {err:.3e}"

@@ -360,20 +360,27 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
 @main.command()
 @click.option("--model", required=True, metavar="PRESET|CONFIG.json",
               help="A preset (glm-5, deepseek-v3.2) or a HuggingFace config.json.")
-@click.option("--capability", required=True, metavar="MAJOR.MINOR|auto",
+@click.option("--capability", default=None, metavar="MAJOR.MINOR|auto",
               help="CUDA compute capability, e.g. 12.0, 9.0, 8.6; auto = this machine's GPU.")
 @click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float16", "bfloat16"]),
               help="Model dtype; auto = the config's torch_dtype, as vLLM resolves it.")
-@click.option("--kv-cache-dtype", default="auto", show_default=True, help="As vLLM's --kv-cache-dtype.")
+@click.option("--kv-cache-dtype", default="auto", show_default=True,
+              help="As vLLM's --kv-cache-dtype (auto, bfloat16, float16, fp8, fp8_e4m3, fp8_ds_mla, ...).")
+@click.option("--heads", type=int, default=None, metavar="N",
+              help="Attention heads per GPU (default: the config's num_attention_heads / --tp).")
+@click.option("--tp", type=int, default=1, show_default=True, metavar="N",
+              help="Tensor-parallel size: heads per GPU = num_attention_heads / N.")
 @click.option("--tree", "tree_spec", default="patched", show_default=True, metavar="patched|pristine|PATH",
               help="patched: the work tree; pristine: its base (smla-base), exported to the cache; "
                    "PATH: any vLLM source tree.")
 @click.option("--backend", default=None, metavar="NAME", help="Explicit backend, as vLLM's --attention-backend.")
+@click.option("--matrix", is_flag=True,
+              help="Instead of one case: every capability x dtype x KV-cache dtype x heads per GPU, as a table.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @global_options(tree=False)
 @pass_ctx
 @_handle_errors
-def explain(c: Ctx, model, capability, dtype, kv_cache_dtype, tree_spec, backend, as_json):
+def explain(c: Ctx, model, capability, dtype, kv_cache_dtype, heads, tp, tree_spec, backend, matrix, as_json):
     """Which attention backend vLLM picks for a sparse-MLA model, and why.
 
     Runs the tree's own selection code (mocked CUDA capability, stand-ins for
@@ -381,15 +388,32 @@ def explain(c: Ctx, model, capability, dtype, kv_cache_dtype, tree_spec, backend
     with vLLM's reasons, then the auto-selection or vLLM's error. See docs/explain.md.
     """
     from smla import explain as explain_mod
+    from smla.errors import UsageError
 
-    case = explain_mod.Case(model, capability, dtype, kv_cache_dtype=kv_cache_dtype, backend=backend)
-    explain_mod.to_cell(case)  # check the inputs before exporting a tree
-    tree, desc = explain_mod.resolve_tree(tree_spec, c.tree)
-    result = explain_mod.explain(tree, case)
-    if as_json:
-        click.echo(report.to_json(explain_mod.to_dict(result, desc)), nl=False)
+    if matrix:
+        fixed = [name for name, given in (("--capability", capability is not None), ("--dtype", dtype != "auto"),
+                                          ("--kv-cache-dtype", kv_cache_dtype != "auto"),
+                                          ("--heads", heads is not None), ("--tp", tp != 1)) if given]
+        if fixed:
+            raise UsageError(f"--matrix covers every capability, dtype, KV-cache dtype and head count; "
+                             f"drop {', '.join(fixed)}")
+        cases = explain_mod.matrix_cases(model, backend=backend)
+    elif capability is None:
+        raise UsageError("--capability is required (or --matrix)", hint="e.g. --capability 12.0")
     else:
-        click.echo(explain_mod.text(result, desc), nl=False)
+        cases = [explain_mod.Case(model, capability, dtype, kv_cache_dtype=kv_cache_dtype,
+                                  backend=backend, heads=heads, tp=tp)]
+    for case in cases:
+        explain_mod.to_cell(case)  # check the inputs before exporting a tree
+    tree, desc = explain_mod.resolve_tree(tree_spec, c.tree)
+    results = explain_mod.explain_many([(tree, cases)])[0]
+    if as_json:
+        data = [explain_mod.to_dict(r, desc) for r in results]
+        click.echo(report.to_json(data if matrix else data[0]), nl=False)
+    elif matrix:
+        click.echo(explain_mod.matrix_text(results, desc), nl=False)
+    else:
+        click.echo(explain_mod.text(results[0], desc), nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

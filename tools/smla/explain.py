@@ -42,13 +42,16 @@ _CAP_RE = re.compile(r"^(\d{1,2})\.(\d)$")
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One question: this model, on this capability, with this dtype."""
+    """One question: this model, on this capability, with this dtype, KV
+    cache dtype and number of attention heads per GPU."""
 
     model: str  # preset name or path to a config.json
     capability: str  # "MAJOR.MINOR" or "auto"
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     backend: str | None = None
+    heads: int | None = None  # heads per GPU; None: the config's heads / tp
+    tp: int = 1  # tensor-parallel size (only divides the config's heads)
 
 
 # --------------------------------------------------------------------------
@@ -105,12 +108,27 @@ def load_model(spec: str) -> tuple[str, str | None]:
 def to_cell(case: Case) -> selection.Cell:
     if case.dtype not in DTYPE_CHOICES:
         raise UsageError(f"dtype {case.dtype!r}: use one of {', '.join(DTYPE_CHOICES)}")
+    if case.heads is not None and case.heads < 1:
+        raise UsageError(f"--heads {case.heads}: give the attention heads per GPU, >= 1")
+    if case.tp < 1:
+        raise UsageError(f"--tp {case.tp}: the tensor-parallel size is >= 1")
+    if case.heads is not None and case.tp != 1:
+        raise UsageError("give --heads (per GPU) or --tp, not both")
     label, config = load_model(case.model)
     # dtype "auto": the config's torch_dtype (presets: bfloat16), resolved
-    # by the tree's _resolve_auto_dtype.
+    # by the tree's _resolve_auto_dtype.  The KV-cache dtype is checked by
+    # vLLM itself (its CacheDType list), so every release's values work.
     return selection.Cell(label, parse_capability(case.capability), case.dtype,
-                          kv_cache_dtype=case.kv_cache_dtype, backend=case.backend,
-                          config=config)
+                          kv_cache_dtype=case.kv_cache_dtype, heads=case.heads, tp=case.tp,
+                          backend=case.backend, config=config)
+
+
+def matrix_cases(model: str, backend: str | None = None) -> list[Case]:
+    """The selection matrix for one model: every capability of
+    selection.CAPABILITIES x model dtype x KV-cache dtype x heads per GPU."""
+    return [Case(model, c.capability, c.dtype, kv_cache_dtype=c.kv_cache_dtype,
+                 backend=backend, heads=c.heads)
+            for c in selection.matrix_cells(presets=["-"])]
 
 
 # --------------------------------------------------------------------------
@@ -217,14 +235,23 @@ def to_dict(result: dict[str, Any], tree_desc: str) -> dict[str, Any]:
 def text(result: dict[str, Any], tree_desc: str) -> str:
     r, m = result, result["model"]
     kind = "sparse MLA (DSA)" if m["use_sparse"] else "dense MLA (not DSA: the series does not change it)"
+    topk = f"  index_topk={m['index_topk']}" if m.get("index_topk") is not None else ""
+    heads = r.get("heads_per_gpu")
+    if r.get("heads") is not None:
+        heads_desc = f"{heads} heads per GPU"
+    elif heads is not None:
+        heads_desc = f"{heads} heads per GPU ({m['num_attention_heads']} / tp {r.get('tp') or 1})"
+    else:
+        heads_desc = "heads per GPU unknown (no num_attention_heads in the config)"
     lines = [
         f"tree:  {tree_desc}",
-        f"model: {r['preset']}  model_type={m['model_type']}  {kind}  head_size={m['head_size']}",
+        f"model: {r['preset']}  model_type={m['model_type']}  {kind}  head_size={m['head_size']}{topk}",
         f"case:  compute capability {r['capability']}, dtype {m['dtype']}"
         + (f" (config: {m['config_dtype']})" if r["dtype"] == "auto" else "")
-        + f", kv_cache_dtype {r['kv_cache_dtype']}, block_size {r['block_size']}",
+        + f", kv_cache_dtype {r['kv_cache_dtype']}, {heads_desc}"
+        + (f", block_size {r['block_size']}" if r.get("block_size") else ""),
         "",
-        f"CUDA MLA backends in vLLM's priority order for {r['capability']}:",
+        f"CUDA MLA backends in vLLM's priority order for this case:",
     ]
     rows = [("#", "backend", "valid", "reasons (vLLM's own)")]
     for i, p in enumerate(r["priority"], 1):
@@ -240,18 +267,87 @@ def text(result: dict[str, Any], tree_desc: str) -> str:
     label = "selection (--backend)" if req else "auto-selection"
     if r["selected"]:
         lines.append(f"{label}: {r['selected']}")
+        used = r.get("kv_cache_dtype_used")
+        if used and used != r["kv_cache_dtype"]:
+            lines.append(f"kv cache: {r['kv_cache_dtype']} -> {used} "
+                         "(vLLM's _canonicalize_sparse_mla_kv_cache_dtype for this backend)")
     else:
         lines.append(f"{label}: none; vLLM error: {r['error']}")
     lines.append("")
-    lines.append("stand-ins: " + ", ".join(_short_stand_ins(r["stand_ins"])) + " (details: tools/smla/selection.py)")
+    lines.append("indexer: " + _indexer_line(r.get("indexer")))
+    lines.append("stand-ins: " + ", ".join(_short_stand_ins(r["stand_ins"]))
+                 + " (details: tools/smla/_selection_worker.py)")
     return "\n".join(lines) + "\n"
 
 
+def _indexer_line(ix: dict[str, Any] | None) -> str:
+    """The DSA indexer's logits path as the tree's own code decides it
+    (see _selection_worker._Selection._indexer_facts)."""
+    if not ix:
+        return "not reported by this tree"
+    path = ix.get("path") or "not determined"
+    names = {"deepgemm": "DeepGEMM", "triton": "portable Triton kernels (TRITON_MLA_SPARSE series)",
+             "none": "none"}
+    reason = ix.get("reason") or ""
+    return f"{names.get(path, path)}" + (f" ({reason})" if reason else "")
+
+
 def _short_stand_ins(stand_ins: list[str]) -> list[str]:
-    out = ["mocked CUDA platform + capability", "config as a plain PretrainedConfig"]
+    out = ["config as a plain PretrainedConfig"]
     for item in stand_ins:
-        if item.startswith("no CUDA"):
+        if item.startswith("no CUDA device"):
             out.append("no GPU: cuda tensors -> meta")
+        elif item.startswith("CUDA platform"):
+            out.insert(0, "mocked CUDA platform + capability")
         else:
             out.append("stub " + item.split(" (")[0])
     return out
+
+
+# --------------------------------------------------------------------------
+# the matrix
+# --------------------------------------------------------------------------
+
+def _cell_pick(r: dict[str, Any]) -> str:
+    if r.get("input_error"):
+        return "input error"
+    sel = r.get("selected")
+    if not sel:
+        return "none"
+    used = r.get("kv_cache_dtype_used")
+    return sel + (f" (-> {used})" if used and used != r["kv_cache_dtype"] else "")
+
+
+def matrix_text(results: list[dict[str, Any]], tree_desc: str) -> str:
+    """Compact table of the matrix for one model and tree: a row per
+    capability x model dtype, a column per KV-cache dtype.  Where the pick
+    depends on the heads per GPU, the cell lists each pick with its heads;
+    "(-> X)" is the cache format vLLM switches to after selection; "none" is
+    vLLM's "No valid attention backend" refusal."""
+    kvs = list(dict.fromkeys(r["kv_cache_dtype"] for r in results))
+    groups: dict[tuple[str, str], dict[str, dict[str, list[int]]]] = {}
+    for r in results:
+        cell = groups.setdefault((r["capability"], r["model"]["dtype"] if r.get("model") else r["dtype"]), {})
+        cell.setdefault(r["kv_cache_dtype"], {}).setdefault(_cell_pick(r), []).append(r.get("heads_per_gpu"))
+    header = ["cc", "dtype"] + [f"kv {kv}" for kv in kvs]
+    rows = []
+    for (cc, dtype), by_kv in groups.items():
+        row = [cc, dtype]
+        for kv in kvs:
+            picks = by_kv.get(kv, {})
+            if len(picks) == 1:
+                row.append(next(iter(picks)))
+            else:
+                row.append(" / ".join(f"{p} (heads {','.join(str(h) for h in hs)})"
+                                      for p, hs in picks.items()))
+        rows.append(row)
+    first = results[0] if results else {}
+    heads = sorted({r.get("heads_per_gpu") for r in results}, key=lambda h: (h is None, h))
+    lines = [f"tree:  {tree_desc}",
+             f"model: {first.get('preset', '?')}; heads per GPU {', '.join(str(h) for h in heads)}"
+             + (f"; requested backend {first['backend']}" if first.get("backend") else "; auto-selection"),
+             "",
+             "| " + " | ".join(header) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

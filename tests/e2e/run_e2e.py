@@ -1,0 +1,325 @@
+"""End-to-end comparison through `vllm.LLM`: our sparse-MLA backend + indexer vs the pristine reference.
+
+Each engine (model x dtype x side x TP) runs in its own spawned process, so its
+GPU memory and its environment (backend, indexer switch) never leak into the
+next; several run at once on the lent GPUs. Every engine gets the same
+deterministic workload and the same weights (tests/e2e/e2e_plugin.py):
+
+  pass 1, teacher-forced: prompt_logprobs=1 over every prompt position (these
+          requests skip *reading* the prefix cache, so every prompt is prefilled
+          in chunks of max_num_batched_tokens; they fill the cache for pass 2);
+  pass 2, greedy: 48 new tokens per prompt, logprobs=2, MTP speculative decoding,
+          prompts served from the prefix cache, CUDA graphs in vLLM's default mode.
+
+Sides: `ref` = what vLLM's own selection picks on sm90 (FLASH_ATTN_MLA_SPARSE for
+bf16 and fp16; --ref-backend auto leaves the choice to vLLM) with the DeepGEMM indexer; `ref2` = FLASHMLA_SPARSE forced (bf16 only),
+the other upstream kernel, used to calibrate how far two correct kernels drift
+apart; `ours` = TRITON_MLA_SPARSE forced plus the Triton indexer forced
+(VLLM_SPARSE_INDEXER_BACKEND=triton, docs/indexer.md; --ours-env overrides). The parent compares each side against `ref` (tests/e2e/compare.py)
+against tests/e2e/bounds.json and exits 1 when a bound is broken, 3 when an
+engine failed.
+
+Runs on the GPU machine (tests/e2e/device-run.sh); needs no network.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODELS = {"deepseek-v32-tiny": HERE / "models" / "deepseek-v32-tiny",
+          "glm5-tiny": HERE / "models" / "glm5-tiny"}
+# What pristine 0.26.0 selects on sm90 for these models, bf16 and fp16 (seen in the
+# validation run with auto selection, tests/e2e/results/); forced so that the patched
+# wheel's priority list cannot change the reference.
+REF_BACKEND = "FLASH_ATTN_MLA_SPARSE"
+REF2_BACKEND = "FLASHMLA_SPARSE"
+OURS_BACKEND = "TRITON_MLA_SPARSE"
+INDEXER_SWITCH = "VLLM_SPARSE_INDEXER_BACKEND"  # docs/indexer.md
+GEN_TOKENS = 48
+ENGINE = dict(
+    load_format="e2e_dummy",
+    skip_tokenizer_init=True,
+    max_model_len=8192,
+    # Prompts reach 7000 tokens: every prompt over 2048 is prefilled in chunks.
+    max_num_batched_tokens=2048,
+    enable_chunked_prefill=True,
+    enable_prefix_caching=True,
+    max_num_seqs=64,
+    seed=0,
+    gpu_memory_utilization=0.12,
+    disable_log_stats=False,
+    speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+    # Default compilation and CUDA-graph *mode*; fewer capture sizes only to
+    # keep start-up short (the workload never runs more than 128 tokens a step in decode).
+    compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128]},
+)
+
+
+def workload(vocab: int, seed: int = 0) -> tuple[list[list[int]], list[str]]:
+    """40 prompts: 20 independent lengths 8..7000 and 20 sharing one of 4 prefixes.
+
+    Token ids are drawn from [3, vocab) (0..2 are bos/eos/pad in the configs).
+    """
+    import random
+
+    rng = random.Random(seed)
+
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    prompts, labels = [], []
+    for n in (8, 17, 33, 64, 100, 127, 128, 129, 255, 256, 511, 1024, 2047, 2048, 2049, 2100,
+              3000, 4097, 5500, 7000):
+        prompts.append(toks(n))
+        labels.append(f"solo-{n}")
+    shared = {"A": (3000, (10, 64, 150, 700, 1500, 2000)), "B": (2500, (5, 300, 900, 1800, 2400)),
+              "C": (1200, (1, 50, 400, 800, 1000)), "D": (200, (20, 100, 1800, 1900))}
+    for key, (plen, suffixes) in shared.items():
+        prefix = toks(plen)
+        for s in suffixes:
+            prompts.append(prefix + toks(s))
+            labels.append(f"prefix{key}{plen}+{s}")
+    return prompts, labels
+
+
+def _metrics(llm) -> dict:
+    out = {}
+    try:
+        for m in llm.get_metrics():
+            if any(k in m.name for k in ("spec_decode", "prefix_cache")):
+                val = getattr(m, "value", None)
+                if isinstance(val, (int, float)):
+                    out[m.name] = out.get(m.name, 0) + val
+    except Exception as exc:  # metrics are informative only
+        out["error"] = repr(exc)
+    return out
+
+
+def engine_main(spec: dict, result_dir: str) -> None:
+    """Child process: build one engine, run both passes, save arrays + meta."""
+    rdir = Path(result_dir)
+    rdir.mkdir(parents=True, exist_ok=True)
+    log = open(rdir / "engine.log", "w")
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    os.environ.update(spec["env"])
+    meta: dict = {"spec": spec}
+    llm = None
+    try:
+        import numpy as np
+        import torch
+        import vllm
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from e2e_plugin import describe_model, worker_cudagraphs, worker_drafter
+
+        t0 = time.perf_counter()
+        kwargs = dict(ENGINE, model=spec["model_dir"], dtype=spec["dtype"],
+                      tensor_parallel_size=spec["tp"], kv_cache_memory_bytes=spec["kv_bytes"])
+        att = {}
+        if spec["backend"]:
+            att["backend"] = spec["backend"]
+        if spec.get("force_mqa"):
+            # vLLM 0.26 sends prefill batches whose longest sequence is <= index_topk to a
+            # shared dense MHA prefill kernel (FlashAttention) on every sparse backend;
+            # this sends them through the sparse backend's MQA path too.
+            att["sparse_mla_force_mqa"] = True
+        if att:
+            kwargs["attention_config"] = att
+        if spec["backend"]:
+            # the MTP drafter selects its own backend (SpeculativeConfig.attention_backend,
+            # auto = FLASH_ATTN_MLA_SPARSE on sm90) unless told: same kernel as the target
+            kwargs["speculative_config"] = dict(ENGINE["speculative_config"], attention_backend=spec["backend"])
+        llm = LLM(**kwargs)
+        meta["init_s"] = time.perf_counter() - t0
+        cfg = llm.llm_engine.vllm_config
+        meta["cudagraph_mode"] = str(cfg.compilation_config.cudagraph_mode)
+        meta["compilation_mode"] = str(cfg.compilation_config.mode)
+        meta["model_probe"] = llm.apply_model(describe_model)
+        meta["worker_cudagraphs"] = llm.collective_rpc(worker_cudagraphs)
+        meta["drafter_probe"] = llm.collective_rpc(worker_drafter)
+        meta["versions"] = {"vllm": vllm.__version__, "torch": torch.__version__,
+                            "gpu": torch.cuda.get_device_name(0), "python": sys.version.split()[0]}
+        try:
+            import triton
+            meta["versions"]["triton"] = triton.__version__
+        except ImportError:
+            pass
+        vocab = cfg.model_config.hf_text_config.vocab_size
+        prompts, labels = workload(vocab)
+        meta["labels"] = labels
+        meta["prompt_lens"] = [len(p) for p in prompts]
+        inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+
+        # Pass 1: teacher-forced logprobs of every prompt token.
+        t = time.perf_counter()
+        outs = llm.generate(inputs, SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1,
+                                                   ignore_eos=True), use_tqdm=False)
+        meta["pass1_s"] = time.perf_counter() - t
+        lp, top1 = [], []
+        for p, o in zip(prompts, outs):
+            plp = o.prompt_logprobs
+            assert plp is not None and len(plp) == len(p), "prompt_logprobs missing or short"
+            for i in range(1, len(p)):
+                d = plp[i]
+                lp.append(d[p[i]].logprob)
+                top1.append(next(tok for tok, v in d.items() if v.rank == 1))
+        # Pass 2: greedy generation (prefix cache, MTP, CUDA graphs).
+        t = time.perf_counter()
+        outs = llm.generate(inputs, SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0, logprobs=2,
+                                                   ignore_eos=True), use_tqdm=False)
+        meta["pass2_s"] = time.perf_counter() - t
+        gen_ids = np.zeros((len(prompts), GEN_TOKENS), np.int32)
+        gen_top = np.zeros((len(prompts), GEN_TOKENS, 2), np.int32)
+        gen_lp = np.full((len(prompts), GEN_TOKENS, 2), np.nan, np.float32)
+        for r, o in enumerate(outs):
+            c = o.outputs[0]
+            assert len(c.token_ids) == GEN_TOKENS, f"got {len(c.token_ids)} tokens"
+            gen_ids[r] = c.token_ids
+            for s, d in enumerate(c.logprobs):
+                ranked = sorted(((v.rank, tok, v.logprob) for tok, v in d.items() if v.rank <= 2))
+                for k, (_, tok, val) in enumerate(ranked[:2]):
+                    gen_top[r, s, k] = tok
+                    gen_lp[r, s, k] = val
+        meta["prompt_tokens"] = sum(meta["prompt_lens"])
+        meta["generated_tokens"] = int(gen_ids.size)
+        meta["pass1_prompt_tok_per_s"] = meta["prompt_tokens"] / meta["pass1_s"]
+        meta["pass2_gen_tok_per_s"] = meta["generated_tokens"] / meta["pass2_s"]
+        meta["metrics"] = _metrics(llm)
+        np.savez_compressed(rdir / "arrays.npz", prompt_lp=np.asarray(lp, np.float32),
+                            prompt_top1=np.asarray(top1, np.int32), gen_ids=gen_ids, gen_top=gen_top,
+                            gen_lp=gen_lp, prompt_lens=np.asarray(meta["prompt_lens"], np.int32))
+        meta["ok"] = True
+    except BaseException as exc:  # reported by the parent, never swallowed
+        meta["ok"] = False
+        meta["error"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    (rdir / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+    try:  # stop the engine-core (and TP worker) processes before this one ends
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:
+        traceback.print_exc()
+    log.flush()
+    os._exit(0)
+
+
+def build_jobs(args) -> list[dict]:
+    ours_env = dict(kv.split("=", 1) for kv in args.ours_env)
+    base_env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+                "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1", "PYTHONUNBUFFERED": "1"}
+    jobs = []
+    for tp in args.tp:
+        for model in args.models:
+            for dtype in args.dtypes:
+                for side in args.sides:
+                    if side == "ref2" and dtype != "bfloat16":
+                        continue  # FLASHMLA_SPARSE is bf16-only
+                    ref_backend = None if args.ref_backend == "auto" else args.ref_backend
+                    backend = {"ref": ref_backend, "ref2": REF2_BACKEND, "ours": OURS_BACKEND}[side]
+                    side_env = ours_env if side == "ours" else {INDEXER_SWITCH: "deepgemm"}
+                    env = dict(base_env, **side_env)
+                    jobs.append({"name": f"tp{tp}-{model}-{dtype}-{side}", "model": model,
+                                 "model_dir": str(MODELS[model]), "dtype": dtype, "side": side,
+                                 "tp": tp, "backend": backend, "env": env, "force_mqa": args.force_mqa,
+                                 "kv_bytes": args.kv_gib << 30})
+    return jobs
+
+
+def run_jobs(jobs: list[dict], args, res: Path) -> None:
+    """Run jobs, at most args.parallel at once, TP ranks placed on the least-used GPUs."""
+    ctx = mp.get_context("spawn")
+    pending = list(jobs)
+    running: list[tuple[dict, mp.Process, float, list[int]]] = []
+    load = [0] * args.gpus
+    t_start = time.perf_counter()
+    while pending or running:
+        for item in list(running):
+            job, p, t0, gpus = item
+            timed_out = time.perf_counter() - t0 > args.engine_timeout
+            if not p.is_alive() or timed_out:
+                if timed_out and p.is_alive():
+                    p.kill()
+                    (res / job["name"]).mkdir(parents=True, exist_ok=True)
+                    (res / job["name"] / "timeout").write_text(f"killed after {args.engine_timeout} s\n")
+                p.join()
+                for g in gpus:
+                    load[g] -= 1
+                running.remove(item)
+                print(f"[{time.perf_counter() - t_start:6.0f}s] done {job['name']} ({time.perf_counter() - t0:.0f}s)",
+                      flush=True)
+        while pending and len(running) < args.parallel:
+            job = pending.pop(0)
+            gpus = sorted(range(args.gpus), key=lambda g: (load[g], g))[:job["tp"]]
+            for g in gpus:
+                load[g] += 1
+            job["env"]["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            p = ctx.Process(target=engine_main, args=(job, str(res / job["name"])), daemon=False)
+            p.start()
+            running.append((job, p, time.perf_counter(), gpus))
+            print(f"[{time.perf_counter() - t_start:6.0f}s] start {job['name']} on GPU {job['env']['CUDA_VISIBLE_DEVICES']}",
+                  flush=True)
+        time.sleep(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/smla-e2e-out")))
+    ap.add_argument("--results", type=Path, default=Path("/tmp/smla-e2e/results"),
+                    help="raw per-engine arrays and logs (large; stays on the machine)")
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
+    ap.add_argument("--sides", nargs="+", default=["ref", "ours"], choices=["ref", "ref2", "ours"])
+    ap.add_argument("--tp", nargs="+", type=int, default=[1])
+    ap.add_argument("--ours-env", action="append", default=None, metavar="NAME=VALUE",
+                    help=f"environment of the `ours` engines (default {INDEXER_SWITCH}=triton)")
+    ap.add_argument("--ref-backend", default=REF_BACKEND,
+                    help="attention backend of `ref`; 'auto' = vLLM's own selection")
+    ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--kv-gib", type=int, default=4)
+    ap.add_argument("--engine-timeout", type=float, default=420.0)
+    ap.add_argument("--force-mqa", action="store_true",
+                    help="attention_config.sparse_mla_force_mqa on every side: short prefills through the "
+                         "sparse kernels too (default: vLLM's shared dense prefill for them)")
+    ap.add_argument("--only", default=None, metavar="REGEX",
+                    help="run only the engines whose name (tpN-model-dtype-side) matches")
+    ap.add_argument("--bounds", type=Path, default=HERE / "bounds.json")
+    args = ap.parse_args(argv)
+    if args.ours_env is None:
+        args.ours_env = [f"{INDEXER_SWITCH}=triton"]
+    sys.path.insert(0, str(HERE))
+    jobs = build_jobs(args)
+    if args.only:
+        import re
+
+        jobs = [j for j in jobs if re.search(args.only, j["name"])]
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.results.exists():
+        shutil.rmtree(args.results)  # never compare against a previous call's engines
+    args.results.mkdir(parents=True)
+    (args.results / "jobs.json").write_text(json.dumps(jobs, indent=1))
+    t0 = time.perf_counter()
+    run_jobs(jobs, args, args.results)
+    from compare import compare_all, write_report
+
+    summary = compare_all(jobs, args.results, json.loads(args.bounds.read_text()))
+    summary["command"] = " ".join(sys.argv)
+    summary["wall_s"] = round(time.perf_counter() - t0, 1)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True, default=str) + "\n")
+    (args.out / "report.md").write_text(write_report(summary))
+    print(write_report(summary))
+    return summary["exit_code"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
