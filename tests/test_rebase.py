@@ -460,3 +460,19 @@ def test_commit_target_report_has_no_credentials(world, tmp_path):
     t = Target("x", "commit", "1" * 40, "0.0.1", "none", "none", "git",
                fetch_from="https://bot:s3cret@github.example/vllm.git")
     assert "s3cret" not in json.dumps(t.to_dict()) and "***@github.example" in t.to_dict()["fetch_from"]
+
+
+def test_a_refusal_writes_a_report_too(world, tmp_path):
+    """F14: a rebase refused before it starts still leaves a report saying why (CI publishes it)."""
+    rep = tmp_path / "rep"
+    (world["tree"] / "a.py").write_text("dirty\n")
+    res = smla(world, "--onto", world["c1"], "--source", str(world["up"]), "--report-dir", str(rep))
+    assert res.exit_code == 7
+    data = json.loads((rep / "rebase-report.json").read_text())
+    assert data["status"] == "refused" and data["error"]["exit_code"] == 7 and "uncommitted" in data["error"]["message"]
+    assert "Rebase refused" in (rep / "rebase-report.md").read_text()
+    # a refused --continue changes nothing, so the stop's report stays
+    proc.git(world["tree"], "checkout", "--", "a.py")
+    assert smla(world, "--onto", world["c2"], "--source", str(world["up"]), "--report-dir", str(rep)).exit_code == 11
+    assert smla(world, "--continue").exit_code == 11  # still unresolved
+    assert json.loads((rep / "rebase-report.json").read_text())["status"] == "conflict"

@@ -36,7 +36,7 @@ from smla.rebase import target as target_mod
 from smla.rebase.replay import WORK_BRANCH
 from smla.rebase.report import (  # noqa: F401  (the public names of the package)
     CONFLICT, DESCRIPTIONS, MERGED, OFFSETS, PENDING, RESOLVED, SKIPPED, UNCHANGED, UPSTREAM,
-    Outcome, RebaseResult, markdown, resolve_hint, text, write_reports,
+    Outcome, RebaseResult, markdown, resolve_hint, text, write_refusal, write_reports,
 )
 from smla.rebase.state import STATE_DIR, STATE_VERSION, state_path  # noqa: F401
 from smla.rebase.target import Target  # noqa: F401
