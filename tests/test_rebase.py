@@ -476,3 +476,20 @@ def test_a_refusal_writes_a_report_too(world, tmp_path):
     assert smla(world, "--onto", world["c2"], "--source", str(world["up"]), "--report-dir", str(rep)).exit_code == 11
     assert smla(world, "--continue").exit_code == 11  # still unresolved
     assert json.loads((rep / "rebase-report.json").read_text())["status"] == "conflict"
+
+
+def test_reword_while_resolving(world):
+    """F8: a patch can be reworded during the rebase: finish `git am` yourself, amend the message,
+    then `smla rebase --continue`; the new subject names the exported patch."""
+    tree = world["tree"]
+    assert smla(world, "--onto", world["c2"], "--source", str(world["up"])).exit_code == 11
+    _write(tree, "e.py", _edit(LINES, l30="E patched on top of upstream"))
+    proc.git(tree, "add", "--", "e.py")
+    proc.git(tree, "am", "--continue")
+    proc.git(tree, "commit", "-q", "--amend", "-m", "Patch e: reworded for the new base\n\nWhy: upstream moved.")
+    res = smla(world, "--continue", "--json")
+    assert res.exit_code == 0, res.output
+    e = next(p for p in json.loads(res.output)["patches"] if p["subject"].startswith("Patch e"))
+    assert e["outcome"] == "resolved" and e["new_names"] == ["0004-Patch-e-reworded-for-the-new-base.patch"]
+    assert (world["root"] / "patches" / "0004-Patch-e-reworded-for-the-new-base.patch").is_file()
+    assert not (world["root"] / "patches" / "0005-Patch-e-conflicts.patch").exists()
