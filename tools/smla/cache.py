@@ -207,6 +207,11 @@ def pypi_files(project: str) -> list[tuple[str, str, str]]:
     return out
 
 
+def mask_credentials(text: str, url: str) -> str:
+    """`text` (an error message) with the user and password of `url` (if any) masked."""
+    return _redact_text(text, url)
+
+
 def _redact_text(text: str, url: str) -> str:
     """`text` with the credentials of `url` (if any) masked."""
     parts = urllib.parse.urlsplit(url)

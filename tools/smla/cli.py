@@ -342,13 +342,20 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
         raise UsageError("give exactly one of --onto COMMIT|VERSION, --continue, --abort")
     echo = (lambda *_: None) if as_json else click.echo
     reports = dict(report_dir=report_dir, report_name=report_name)
-    if abort:
-        result = rebase_mod.abort(c.project, c.tree, echo=echo, **reports)
-    elif continue_:
-        result = rebase_mod.continue_(c.project, c.tree, run_tests=run_tests, echo=echo, **reports)
-    else:
-        result = rebase_mod.start(c.project, c.tree, onto, source_spec=source_, upstream_commit=upstream_commit,
-                                  run_tests=run_tests, echo=echo, **reports)
+    try:
+        if abort:
+            result = rebase_mod.abort(c.project, c.tree, echo=echo, **reports)
+        elif continue_:
+            result = rebase_mod.continue_(c.project, c.tree, run_tests=run_tests, echo=echo, **reports)
+        else:
+            result = rebase_mod.start(c.project, c.tree, onto, source_spec=source_, upstream_commit=upstream_commit,
+                                      run_tests=run_tests, echo=echo, **reports)
+    except SmlaError as exc:
+        # A refused --onto leaves a report too (CI publishes it; an older report of that name must not look
+        # current). A refused --continue/--abort changed nothing: the stop's report stays as it is.
+        if onto and report_dir:
+            rebase_mod.write_refusal(exc, report_dir, report_name, action=f"--onto {onto}")
+        raise
     if result.report_dir:
         written = rebase_mod.write_reports(result, Path(result.report_dir), result.report_name, root=c.project.root)
         if not as_json:

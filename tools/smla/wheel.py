@@ -54,7 +54,7 @@ from wheel.wheelfile import WheelError as _LibWheelError
 
 from smla import cache, proc, treestate
 from smla.apply import require_tree
-from smla.errors import CommandError, ExportError, TreeStateError, WheelError
+from smla.errors import CommandError, TreeStateError, WheelError
 from smla.fsutil import sha256_file
 from smla.pin import Pin
 from smla.series import SERIES_FILE, Series

@@ -28,7 +28,7 @@ from smla import export as export_mod
 from smla import proc, source, treestate
 from smla import pin as pin_mod
 from smla import series as series_mod
-from smla.errors import RebaseConflict, TreeStateError
+from smla.errors import RebaseConflict, TreeStateError, cmd
 from smla.fsutil import atomic_write_text
 from smla.project import Project
 from smla.rebase import replay, state as state_mod
@@ -36,7 +36,7 @@ from smla.rebase import target as target_mod
 from smla.rebase.replay import WORK_BRANCH
 from smla.rebase.report import (  # noqa: F401  (the public names of the package)
     CONFLICT, DESCRIPTIONS, MERGED, OFFSETS, PENDING, RESOLVED, SKIPPED, UNCHANGED, UPSTREAM,
-    Outcome, RebaseResult, markdown, resolve_hint, text, write_reports,
+    Outcome, RebaseResult, markdown, resolve_hint, text, write_refusal, write_reports,
 )
 from smla.rebase.state import STATE_DIR, STATE_VERSION, state_path  # noqa: F401
 from smla.rebase.target import Target  # noqa: F401
@@ -131,10 +131,19 @@ def continue_(project: Project, tree: Path, *, run_tests: bool = False, report_d
             raise RebaseConflict(f"still unresolved in {tree}: {', '.join(unmerged)}", hint=resolve_hint(tree))
         done = proc.git(tree, "am", "--continue", check=False)
         if done.returncode != 0:
+            skip = cmd("git", "-C", tree, "am", "--skip")
+            if proc.git(tree, "diff", "--cached", "--quiet", check=False).returncode == 0:
+                # git am refuses an empty resolution with its own advice ("git am --abort"), which
+                # would throw the whole rebase away: say what it means here instead.
+                raise RebaseConflict(
+                    f"the resolution of {out.name} is empty: nothing staged differs from the new base",
+                    hint=f"if nothing of the patch is needed on the new base, drop it with {skip}, then "
+                         f"`smla rebase --continue`; otherwise edit and stage the files "
+                         f"({cmd('git', '-C', tree, 'add', '<files>')}) first",
+                )
             msg = (done.stdout + done.stderr).strip()
-            t = _quote(tree)
-            hint = (f"stage your resolution with `git -C {t} add <files>`; if nothing of the patch is "
-                    f"left (already upstream), run `git -C {t} am --skip`; then `smla rebase --continue`")
+            hint = (f"stage your resolution with {cmd('git', '-C', tree, 'add', '<files>')}; if nothing of the "
+                    f"patch is left (already upstream), run {skip}; then `smla rebase --continue`")
             raise RebaseConflict(f"cannot continue patch {out.name}: "
                                  f"{msg.splitlines()[-1] if msg else 'git am failed'}", hint=hint)
     dirty = apply_mod.dirty_files(tree)
@@ -195,12 +204,6 @@ def _remember_report(state: dict, report_dir: Path | None, report_name: str | No
         rep["dir"] = _report_dir(report_dir)
     if report_name is not None:
         rep["name"] = report_name
-
-
-def _quote(tree: Path) -> str:
-    import shlex
-
-    return shlex.quote(str(tree))
 
 
 # --------------------------------------------------------------------------- replay and finish

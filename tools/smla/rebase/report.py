@@ -12,12 +12,11 @@ Outcomes (docs/rebase.md):
 """
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from smla import report
-from smla.errors import RebaseConflict, TestsFailed
+from smla.errors import RebaseConflict, TestsFailed, cmd
 
 UNCHANGED = "unchanged"
 OFFSETS = "offsets"
@@ -120,11 +119,10 @@ class RebaseResult:
 
 
 def resolve_hint(tree: Path) -> str:
-    t = shlex.quote(str(tree))
     return (
-        f"resolve the conflicts in {tree} (edit, then `git -C {t} add <files>`), "
+        f"resolve the conflicts in {tree} (edit, then {cmd('git', '-C', tree, 'add', '<files>')}), "
         "then run `smla rebase --continue`; drop the patch with "
-        f"`git -C {t} am --skip` + `smla rebase --continue`; or give up with `smla rebase --abort`"
+        f"{cmd('git', '-C', tree, 'am', '--skip')} + `smla rebase --continue`; or give up with `smla rebase --abort`"
     )
 
 
@@ -272,4 +270,23 @@ def write_reports(r: RebaseResult, directory: Path, name: str | None = None, roo
     report.write(paths[0], report.to_json(r.to_dict()))
     report.write(paths[1], markdown(r))
     report.write(paths[2], text(r))
+    return paths
+
+
+def write_refusal(exc, directory: Path, name: str | None = None, *, action: str = "") -> list[Path]:
+    """Reports for a rebase that was refused or failed before (or without) a result: what and why.
+
+    `name`: as for write_reports, so a refusal replaces an older report of that name instead of leaving
+    it looking current; `auto` (a target that may never have resolved) writes rebase-refused.*."""
+    name = "rebase-report" if name is None else ("rebase-refused" if name == "auto" else name)
+    data = {"status": "refused", "action": action, **exc.to_dict()}
+    md = "\n".join([f"## Rebase refused: `{action}`", "", exc.message, "",
+                     *([f"Next: {exc.hint}", ""] if exc.hint else []),
+                     f"Exit code {exc.exit_code} ({type(exc).__name__}); the pin and patches/ are unchanged "
+                     "by this run.", ""])
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / f"{name}.json", directory / f"{name}.md", directory / f"{name}.txt"]
+    report.write(paths[0], report.to_json(data))
+    report.write(paths[1], md)
+    report.write(paths[2], f"rebase refused ({action}): {exc.message}\n" + (f"hint: {exc.hint}\n" if exc.hint else ""))
     return paths

@@ -45,7 +45,10 @@ class Target:
     commit_kind: str = pin_mod.FULL
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("archive",)}
+        """For the state file and reports: no local archive path, no credentials in URLs."""
+        d = {k: v for k, v in self.__dict__.items() if k not in ("archive",)}
+        d["fetch_from"] = cache.redact(self.fetch_from) if self.fetch_from else ""
+        return d
 
 
 def same_commit(a: str, b: str) -> bool:
@@ -95,8 +98,8 @@ def _resolve_commit(spec: str, pin: pin_mod.Pin, source_spec: str) -> Target:
             raise FetchError(f"commit {spec} is not in {url}", hint="check the id, or update the mirror")
         commit = found.stdout.strip()
     elif not _HEX40.match(spec):
-        raise UsageError(f"--onto {spec}: give the full 40-hex commit id when fetching from {url}",
-                         hint=f"e.g. `git ls-remote {url} refs/heads/main`")
+        raise UsageError(f"--onto {spec}: give the full 40-hex commit id when fetching from {cache.redact(url)}",
+                         hint=f"e.g. `git ls-remote {cache.redact(url)} refs/heads/main`")
     notes = [f"vLLM commit {commit[:12]} is not a release: the pin keeps version {pin.version} "
              f"(the last release) and sets sdist = none, so this pin is fetched with git only"]
     return Target(spec, "commit", commit, pin.version, pin_mod.NONE, pin_mod.NONE, "git", notes,
@@ -135,7 +138,7 @@ def _resolve_version(spec: str, pin: pin_mod.Pin, source_spec: str, given: str |
         raise UsageError(
             f"cannot tell the upstream commit of vLLM {spec}: its sdist records no commit id "
             "(vllm/_version.py) and the pin needs one",
-            hint=f"pass --upstream-commit <40-hex> (from `git ls-remote {pin.repo} refs/tags/v{spec}^{{}}`)",
+            hint=f"pass --upstream-commit <40-hex> (from `git ls-remote {cache.redact(pin.repo)} refs/tags/v{spec}^{{}}`)",
         )
     return Target(spec, "version", commit, spec, name, sha, "sdist", notes, archive=str(archive),
                   commit_kind=kind)
@@ -161,9 +164,9 @@ def _full_commit(short: str, version: str, pin: pin_mod.Pin, source_spec: str) -
     for line in res.stdout.splitlines():
         cid = line.split("\t", 1)[0]
         if cid.startswith(short) and _HEX40.match(cid):
-            return cid, f"git ls-remote {remote}"
+            return cid, f"git ls-remote {cache.redact(remote)}"
     err = (res.stderr.strip().splitlines() or ["no matching tag"])[-1]
-    return None, f"`git ls-remote {remote}` could not resolve it ({err})"
+    return None, f"`git ls-remote {cache.redact(remote)}` could not resolve it ({cache.mask_credentials(err, remote)})"
 
 
 def _snapshot_base(tree: Path, old_base: str, target: Target, echo) -> str:
