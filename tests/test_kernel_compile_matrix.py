@@ -19,9 +19,9 @@ arch's per-block shared memory.  Registers / spills are reported (printed),
 not asserted.
 
 Runs one child process per arch without TRITON_INTERPRET (the interpreter
-tests set it process-wide).  `python tests/test_kernel_compile_matrix.py 86`
-prints the records of one arch as JSON lines.  About 1-2 minutes per arch on
-one core.
+tests set it process-wide), as many at once as there are CPUs.  `python
+tests/test_kernel_compile_matrix.py 86` prints the records of one arch as JSON
+lines.  About 1-2 minutes per arch on one free core.
 """
 from __future__ import annotations
 
@@ -140,14 +140,29 @@ def _finish(rec: dict, k) -> None:
         rec.update(_resources(k.asm["cubin"]))
 
 
-@pytest.mark.parametrize("arch", ARCHES)
-def test_every_heuristic_config_compiles(arch):
+@pytest.fixture(scope="module")
+def children():
+    """One child per arch ptxas knows, run concurrently (os.cpu_count() at a
+    time): {arch: CompletedProcess}."""
     pytest.importorskip("triton")
-    if not _ptxas_supports(arch):
-        pytest.skip(f"bundled ptxas does not list sm_{arch}")
+    from concurrent.futures import ThreadPoolExecutor
+
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, __file__, str(arch)], capture_output=True, text=True,
-                       env=env, timeout=1800)
+    arches = [a for a in ARCHES if _ptxas_supports(a)]
+
+    def run(arch):
+        return subprocess.run([sys.executable, __file__, str(arch)], capture_output=True,
+                              text=True, env=env, timeout=3600)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(arches), os.cpu_count() or 1))) as pool:
+        return dict(zip(arches, pool.map(run, arches)))
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_every_heuristic_config_compiles(children, arch):
+    if arch not in children:
+        pytest.skip(f"bundled ptxas does not list sm_{arch}")
+    r = children[arch]
     assert r.returncode == 0, r.stderr[-4000:]
     recs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     fwd = [x for x in recs if x["kernel"] == "fwd"]
