@@ -15,39 +15,20 @@
 """
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
 from pathlib import Path
 
-import pytest
 import torch
+
+from sparse_mla_reference import load_tree_module
 
 MODULE_REL = "vllm/v1/attention/ops/triton_dsa_indexer.py"
 FP8_MAX = 448.0
 
 
 def load_indexer_module(tree: Path, interpret: bool = False):
-    """Load the indexer kernel module by path (TRITON_INTERPRET must already
-    match `interpret`; see tests/sparse_mla_reference.py for why)."""
-    want = "1" if interpret else "0"
-    have = "1" if os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "on") else "0"
-    if have != want:
-        raise RuntimeError(
-            f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} but interpret={interpret}: "
-            "set it before triton is imported; run CPU and GPU tests in separate processes")
-    path = Path(tree) / MODULE_REL
-    if not path.is_file():
-        pytest.fail(f"{MODULE_REL} is missing in the vLLM tree {tree}: the indexer patch "
-                    "(Triton indexer kernels) is not applied there (SMLA_TREE overrides the tree)")
-    name = "smla_triton_dsa_indexer_" + ("interp" if interpret else "gpu")
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    sys.modules[name] = mod
-    return mod
+    """The indexer kernel module (see sparse_mla_reference.load_tree_module)."""
+    return load_tree_module(tree, MODULE_REL, "smla_triton_dsa_indexer", interpret,
+                            missing="the indexer patch (Triton indexer kernels) is not applied there")
 
 
 # ---------------------------------------------------------------------------
@@ -273,6 +254,8 @@ def compile_report(tree: Path, arch: int, configs: list[dict] | None = None) -> 
 
 if __name__ == "__main__":  # python tests/indexer_reference.py --compile TREE ARCH
     import json
+    import os
+    import sys
 
     os.environ.pop("TRITON_INTERPRET", None)
     if sys.argv[1] == "--compile":

@@ -17,15 +17,18 @@ import torch
 MODULE_REL = "vllm/v1/attention/ops/triton_sparse_mla.py"
 
 
-def load_sparse_mla_module(tree: Path, interpret: bool = False):
-    """Load the kernel module by path (interpreted or compiled variant).
+def load_tree_module(tree: Path, rel: str, prefix: str, interpret: bool = False,
+                     missing: str | None = None):
+    """Load `rel` of a vLLM tree by path (interpreted or compiled variant) as
+    module `<prefix>_interp|_gpu`, once per process.
 
     Triton 3.6 reads TRITON_INTERPRET when `@triton.jit` decorates -- including
     its own `triton.language.standard` helpers at `import triton` -- and again
     at the first interpreted launch (lazy gluon import asserts it).  So the
     variable must be set before triton is first imported and stay set; it
     cannot be scoped to this load.  Interpreted (CPU) and compiled (GPU)
-    kernels therefore cannot share one Python process.
+    kernels therefore cannot share one Python process.  A missing file fails
+    the test with `missing` (what is not applied) when given.
     """
     want = "1" if interpret else "0"
     have = "1" if os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "on") else "0"
@@ -33,15 +36,24 @@ def load_sparse_mla_module(tree: Path, interpret: bool = False):
         raise RuntimeError(
             f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} but interpret={interpret}: "
             "set it before triton is imported; run CPU and GPU tests in separate processes")
-    name = "smla_triton_sparse_mla_" + ("interp" if interpret else "gpu")
+    name = prefix + ("_interp" if interpret else "_gpu")
     if name in sys.modules:
         return sys.modules[name]
-    path = Path(tree) / MODULE_REL
+    path = Path(tree) / rel
+    if missing is not None and not path.is_file():
+        import pytest
+
+        pytest.fail(f"{rel} is missing in the vLLM tree {tree}: {missing} (SMLA_TREE overrides the tree)")
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     sys.modules[name] = mod
     return mod
+
+
+def load_sparse_mla_module(tree: Path, interpret: bool = False):
+    """The attention kernel module of patch 0001 (see load_tree_module)."""
+    return load_tree_module(tree, MODULE_REL, "smla_triton_sparse_mla", interpret)
 
 
 def flat_kv(kv_cache: torch.Tensor) -> torch.Tensor:
