@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import shutil
 import sys
 from pathlib import Path
 
@@ -250,20 +249,9 @@ def export(c: Ctx, allow_dirty, prune, force, as_json):
 @_locked
 def clean(c: Ctx, discard):
     """Remove the work tree (what `make clean` runs); refused while it holds work not in patches/."""
-    tree = c.tree
-    if not tree.exists():
-        click.echo(f"no work tree at {tree}; nothing to remove")
-        return
-    if not discard:
-        if source.read_tree_info(tree) is None and tree.is_dir() and any(tree.iterdir()):
-            raise UsageError(f"{tree} is not an smla work tree; refusing to remove it",
-                             hint="remove it yourself if you mean it")
-        if source.rebase_in_progress(tree):
-            raise UsageError(f"a `smla rebase` is stopped in {tree}",
-                             hint=f"{cmd('smla', 'rebase', '--abort')} first, or add --discard")
-        treestate.check_replaceable(tree, _series(c, allow_empty=True))
-    shutil.rmtree(tree)
-    click.echo(f"removed {tree}")
+    guard = None if discard else (lambda: _series(c, allow_empty=True))
+    removed = source.remove_tree(c.tree, guard)
+    click.echo(f"removed {c.tree}" if removed else f"no work tree at {c.tree}; nothing to remove")
 
 
 @main.command("build-wheel")
@@ -273,8 +261,8 @@ def clean(c: Ctx, discard):
               help="Build through vLLM's setup.py (python-only: precompiled binaries from the official wheel).")
 @click.option("--full-cuda-build", is_flag=True, help="With --from-source: compile csrc/ too (needs nvcc).")
 @click.option("--python", "python", type=click.Path(dir_okay=False, path_type=Path),
-              help="Interpreter for --from-source: an env with torch 2.9.1 (CUDA) and vLLM's build requirements "
-                   "(default: this one).")
+              help="Interpreter for --from-source: an env with the pinned vLLM's torch (CUDA) and its build "
+                   "requirements (default: this one).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Output directory (default: <root>/dist).")
 @click.option("--allow-unexported", is_flag=True,
@@ -285,13 +273,12 @@ def clean(c: Ctx, discard):
 @_handle_errors
 @_locked
 def build_wheel(c: Ctx, base_wheel, from_source, full_cuda_build, python, out_dir, allow_unexported, as_json):
-    """A vLLM wheel with the series in it, version <release>+sparsemla.<series hash>.
+    """A vLLM wheel with the series in it, version <release>+sparsemla.g<base commit>.<series hash>.
 
     Default: the official wheel with the changed vllm/ files swapped in
     (refused when the series touches csrc/ or build files: use --from-source).
     """
     from smla import wheel as wheel_mod
-    from smla.errors import UsageError
 
     s = series.load(c.project.patches_dir, allow_empty=True)
     echo = (lambda *_: None) if as_json else click.echo
@@ -336,7 +323,6 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
     or --abort); others: errors. See docs/rebase.md.
     """
     from smla import rebase as rebase_mod
-    from smla.errors import UsageError
 
     if sum(map(bool, (onto, continue_, abort))) != 1:
         raise UsageError("give exactly one of --onto COMMIT|VERSION, --continue, --abort")
@@ -395,7 +381,6 @@ def explain(c: Ctx, model, capability, dtype, kv_cache_dtype, heads, tp, tree_sp
     with vLLM's reasons, then the auto-selection or vLLM's error. See docs/explain.md.
     """
     from smla import explain as explain_mod
-    from smla.errors import UsageError
 
     if matrix:
         fixed = [name for name, given in (("--capability", capability is not None), ("--dtype", dtype != "auto"),

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smla import cache, lock, proc
-from smla.errors import ChecksumError, CommandError, FetchError, TreeStateError, cmd
+from smla.errors import ChecksumError, CommandError, FetchError, TreeStateError, UsageError, cmd
 from smla.fsutil import sha256_file, umask
 from smla.pin import Pin
 
@@ -213,6 +213,30 @@ def _fill(pin: Pin, repo: Path, source: str, echo) -> str:
     raise FetchError(
         f"--source {source!r}: not 'git', 'sdist', 'auto', a git checkout/mirror or an sdist file",
     )
+
+
+def remove_tree(tree: Path, series_guard: Callable[[], object] | None) -> bool:
+    """Remove a work tree (`smla clean`); False when there is none.
+
+    With `series_guard` (a callable giving the Series), refuse a directory
+    that is not an smla work tree, a stopped rebase, and a tree holding work
+    not in patches/ (treestate.check_replaceable); without it, remove
+    whatever is there (`--discard`).
+    """
+    if not tree.exists():
+        return False
+    if series_guard is not None:
+        if read_tree_info(tree) is None and tree.is_dir() and any(tree.iterdir()):
+            raise UsageError(f"{tree} is not an smla work tree; refusing to remove it",
+                             hint="remove it yourself if you mean it")
+        if rebase_in_progress(tree):
+            raise UsageError(f"a `smla rebase` is stopped in {tree}",
+                             hint=f"{cmd('smla', 'rebase', '--abort')} first, or add --discard")
+        from smla import treestate  # treestate imports this module
+
+        treestate.check_replaceable(tree, series_guard())
+    shutil.rmtree(tree)
+    return True
 
 
 def sdist_path(pin: Pin) -> Path:
