@@ -85,8 +85,9 @@ import threading  # noqa: E402
 
 
 class IndexServer:
-    """A tiny HTTP server: `routes[path] = (body, extra)`; extra may be {"redirect": url} or
-    {"auth": "Basic ..."} (required Authorization). Records every request's path and headers."""
+    """A tiny HTTP server: `routes[path] = (body, extra)`; extra may be {"redirect": url},
+    {"auth": "Basic ..."} (required Authorization) or {"truncate": True} (send half the body,
+    then drop the connection). Records every request's path and headers."""
 
     def __init__(self):
         self.routes: dict = {}
@@ -113,6 +114,11 @@ class IndexServer:
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if extra.get("truncate"):
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                    return
                 self.wfile.write(body)
 
             def log_message(self, *args):

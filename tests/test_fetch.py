@@ -1,9 +1,7 @@
 """fetch: git remotes, sdists, the download cache and the pin file (real git, local HTTP)."""
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from pathlib import Path
 
 import pytest
@@ -11,50 +9,24 @@ import pytest
 from smla import cache, pin as pin_mod, proc, source
 from smla.errors import ChecksumError, FetchError, PinError, TreeStateError
 
-from gitfixtures import FILES, make_sdist, make_upstream, pin_for
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    routes: dict = {}
-
-    def do_GET(self):  # noqa: N802
-        body, mode = self.routes.get(self.path, (None, None))
-        if body is None:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if mode == "truncate":
-            self.wfile.write(body[: len(body) // 2])
-            self.wfile.flush()
-            self.connection.shutdown(2)
-            return
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+from gitfixtures import FILES, IndexServer, make_sdist, make_upstream, pin_for
 
 
 @pytest.fixture
 def index(monkeypatch, tmp_path):
-    """A local package index; returns (base_url, routes dict to fill)."""
-    routes: dict = {}
-    handler = type("H", (_Handler,), {"routes": routes})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{server.server_port}"
-    monkeypatch.setenv("SMLA_INDEX_URL", base + "/simple")
+    """A local package index (gitfixtures.IndexServer) with its own download cache."""
+    srv = IndexServer()
+    monkeypatch.setenv("SMLA_INDEX_URL", srv.base + "/simple")
     monkeypatch.setenv("SMLA_CACHE_DIR", str(tmp_path / "cache"))
-    yield base, routes
-    server.shutdown()
+    yield srv
+    srv.close()
 
 
-def _publish(routes, base, name: str, data: bytes, sha: str, mode=None):
-    routes["/simple/vllm/"] = (json.dumps({"files": [{"filename": name, "url": f"{base}/files/{name}",
-                                                       "hashes": {"sha256": sha}}]}).encode(), None)
-    routes[f"/files/{name}"] = (data, mode)
+def _publish(index, name: str, data: bytes, sha: str, extra=None):
+    """List `name` with the given sha256 (which need not match `data`)."""
+    index.routes["/simple/vllm/"] = (json.dumps({"files": [{"filename": name, "url": f"{index.base}/files/{name}",
+                                                             "hashes": {"sha256": sha}}]}).encode(), None)
+    index.routes[f"/files/{name}"] = (data, extra)
 
 
 def _cache_leftovers(tmp_path: Path) -> list[str]:
@@ -141,9 +113,8 @@ def test_fetch_refuses_foreign_directory(tmp_path):
 # --- sdist source ---------------------------------------------------------
 
 def test_auto_falls_back_to_sdist_when_remote_unreachable(tmp_path, index):
-    base, routes = index
     sdist, sha = make_sdist(tmp_path)
-    _publish(routes, base, sdist.name, sdist.read_bytes(), sha)
+    _publish(index, sdist.name, sdist.read_bytes(), sha)
     said = []
     tree = tmp_path / "tree"
     info = source.fetch(pin_for("http://127.0.0.1:9/nowhere.git", "2" * 40, sha), tree, "auto", echo=said.append)
@@ -156,15 +127,14 @@ def test_auto_falls_back_to_sdist_when_remote_unreachable(tmp_path, index):
     source.fetch(pin_for("http://127.0.0.1:9/nowhere.git", "2" * 40, sha), tree2, "sdist", echo=lambda *_: None)
     assert source.read_tree_info(tree2).base == info.base
     # second fetch into a new tree used the cache: the index may be gone
-    routes.clear()
+    index.routes.clear()
     tree3 = tmp_path / "tree3"
     source.fetch(pin_for("x", "2" * 40, sha), tree3, "sdist", echo=lambda *_: None)
 
 
 def test_sdist_checksum_mismatch_leaves_no_cache_file(tmp_path, index):
-    base, routes = index
     sdist, sha = make_sdist(tmp_path)
-    _publish(routes, base, sdist.name, b"not the sdist" * 100, sha)
+    _publish(index, sdist.name, b"not the sdist" * 100, sha)
     with pytest.raises(ChecksumError, match="sha256 mismatch"):
         source.fetch(pin_for("x", "3" * 40, sha), tmp_path / "tree", "sdist", echo=lambda *_: None)
     assert _cache_leftovers(tmp_path) == []
@@ -172,18 +142,16 @@ def test_sdist_checksum_mismatch_leaves_no_cache_file(tmp_path, index):
 
 
 def test_interrupted_download_leaves_no_corrupt_cache(tmp_path, index):
-    base, routes = index
     sdist, sha = make_sdist(tmp_path)
-    _publish(routes, base, sdist.name, sdist.read_bytes() * 50, sha, mode="truncate")
+    _publish(index, sdist.name, sdist.read_bytes() * 50, sha, {"truncate": True})
     with pytest.raises(FetchError):
-        cache.fetch(f"{base}/files/{sdist.name}", tmp_path / "cache" / "downloads" / sdist.name, sha, quiet=True)
+        cache.fetch(f"{index.base}/files/{sdist.name}", tmp_path / "cache" / "downloads" / sdist.name, sha, quiet=True)
     assert _cache_leftovers(tmp_path) == []
 
 
 def test_corrupt_cached_file_is_replaced(tmp_path, index):
-    base, routes = index
     sdist, sha = make_sdist(tmp_path)
-    _publish(routes, base, sdist.name, sdist.read_bytes(), sha)
+    _publish(index, sdist.name, sdist.read_bytes(), sha)
     dest = tmp_path / "cache" / "downloads" / sdist.name
     dest.parent.mkdir(parents=True)
     dest.write_bytes(b"garbage")
