@@ -1,0 +1,281 @@
+"""CPU tests of the fp8_ds_mla read path of the Triton sparse-MLA kernel
+(TRITON_INTERPRET=1; see tests/test_kernel_interpret.py for why the variable
+is set here, before torch/triton are imported, and why GPU tests need their
+own process).
+
+- Dequantisation (the kernel's own `_ds_mla_dequant`, driven by a tiny test
+  kernel): every one of the 256 e4m3 codes against torch's float8_e4m3fn ->
+  float32 conversion, times the per-128-value float32 scale read from the
+  slot's bytes 512..527.  Exact equality (one float32 rounding on both sides).
+  The software decode (sm80/86) is checked for all 256 codes, NaN codes
+  included; the hardware-conversion variant (sm89+) for the 254 finite codes
+  (the interpreter emulates fp8 without e4m3fn's NaN codes; NaN codes never
+  occur in a cache the writer saturates; GPU test covers the real conversion).
+- The reference writer (tests/fp8_ds_mla_reference.py) against the byte
+  layout: field positions and values decoded by hand.
+- The whole kernel on small fp8_ds_mla caches (flat and paged, a padded block
+  stride, holes, empty rows, split-K) against a float64 reference computed on
+  the dequantised values.  fp16 only: bf16 does not run in the interpreter.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from fp8_ds_mla_reference import (  # noqa: E402
+    FP8_MAX,
+    TILE,
+    dequant_ds_mla,
+    latent_like_values,
+    quantize_ds_mla,
+    row_bytes,
+    split_ds_mla,
+    write_ds_mla,
+)
+from sparse_mla_reference import load_sparse_mla_module, reference_sparse_mla, rel_err  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
+
+R, P = 512, 64
+D = R + P
+ROW = 656
+SCALE = 192 ** -0.5
+# fp16 (query, dequantised rows, output): measured ~3e-4 under the interpreter.
+FP16_BOUND = 1e-3
+
+
+@pytest.fixture(scope="module")
+def smla(vllm_tree):
+    mod = load_sparse_mla_module(vllm_tree, interpret=True)
+    assert type(mod._sparse_mla_fwd_kernel).__name__ == "InterpretedFunction"
+    if not hasattr(mod, "_ds_mla_dequant"):
+        pytest.fail(f"{vllm_tree}: the kernel has no fp8_ds_mla read path")
+    return mod
+
+
+_ds_mla_dequant = None  # the kernel module's helper, bound by the fixture below
+
+
+@triton.jit
+def _dequant_rows(kv_ptr, out_ptr, n_rows, stride_row, BLOCK_N: tl.constexpr,
+                  D_NOPE: tl.constexpr, FP8_HW: tl.constexpr):
+    """Test driver: float32 [n_rows, D_NOPE] = the kernel's _ds_mla_dequant of
+    the fp8_ds_mla rows at kv_ptr (row stride in bytes)."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    valid = rows < n_rows
+    row = kv_ptr + rows.to(tl.int64) * stride_row
+    # two halves, as the kernel's V tiles for BLOCK_DV = 256 (col0 = 0, 256)
+    offs = tl.arange(0, D_NOPE // 2)
+    for half in tl.static_range(2):
+        col0 = half * (D_NOPE // 2)
+        x = _ds_mla_dequant(row, col0, valid, D_NOPE // 2, D_NOPE, FP8_HW, tl.float32)
+        tl.store(out_ptr + rows[:, None] * D_NOPE + col0 + offs[None, :], x,
+                 mask=valid[:, None])
+
+
+@pytest.fixture(scope="module")
+def dequant_kernel(smla):
+    global _ds_mla_dequant
+    _ds_mla_dequant = smla._ds_mla_dequant  # the interpreter resolves globals at run time
+
+    def run(rows: torch.Tensor, hw: bool) -> torch.Tensor:
+        out = torch.full((rows.shape[0], R), float("nan"))
+        _dequant_rows[(triton.cdiv(rows.shape[0], 4),)](
+            rows, out, rows.shape[0], rows.stride(0), BLOCK_N=4, D_NOPE=R, FP8_HW=hw)
+        return out
+
+    return run
+
+
+def all_code_rows(scales: torch.Tensor) -> torch.Tensor:
+    """8 rows = every code 16 times, each row with its own 4 scales."""
+    codes = torch.arange(256, dtype=torch.int32).repeat(16).view(8, R).to(torch.uint8)
+    rows = torch.zeros((8, ROW), dtype=torch.uint8)
+    rows[:, :R] = codes
+    rows[:, R:R + 16] = scales.view(torch.uint8).view(8, 16)
+    return rows
+
+
+SCALES = torch.tensor(
+    [[1.0, 2.0 ** -7, 3.5, 1e-3], [448.0 ** -1, 1e-30, 2.0 ** 20, 0.37],
+     [torch.finfo(torch.float32).tiny, 1.0, 1.0, 1.0], [0.125, 0.25, 0.5, 2.0]] * 2,
+    dtype=torch.float32)
+
+
+@pytest.mark.parametrize("hw", [False, True], ids=["software", "hardware"])
+def test_dequant_all_codes_exact(dequant_kernel, hw):
+    rows = all_code_rows(SCALES)
+    out = dequant_kernel(rows, hw)
+    codes = rows[:, :R]
+    ref = codes.view(torch.float8_e4m3fn).float() * SCALES.repeat_interleave(TILE, dim=1)
+    nan_code = (codes & 0x7F) == 0x7F
+    if hw:
+        keep = ~nan_code
+        assert torch.equal(out[keep], ref[keep])
+    else:
+        assert torch.isnan(out[nan_code]).all()
+        assert torch.equal(out[~nan_code], ref[~nan_code])
+    # the scale of column c is scale[c // 128]: a wrong tile index changes the value
+    one = rows.clone()
+    one[:, :R] = 0x38  # e4m3 1.0
+    got = dequant_kernel(one, hw)
+    assert torch.equal(got, SCALES.repeat_interleave(TILE, dim=1))
+
+
+def test_dequant_masks_rows(dequant_kernel):
+    rows = all_code_rows(SCALES)[:5]  # last program: 1 valid row of 4
+    out = dequant_kernel(rows, False)
+    ref = rows[:, :R].view(torch.float8_e4m3fn).float() * SCALES[:5].repeat_interleave(TILE, 1)
+    fin = torch.isfinite(ref)
+    assert torch.equal(out[fin], ref[fin])
+
+
+def test_reference_writer_layout():
+    g = torch.Generator().manual_seed(0)
+    kv_c = latent_like_values(6, R, torch.float16, g)
+    kv_c[3, 128:256] = 0  # an all-zero tile: scale FLT_MIN, codes 0
+    k_pe = torch.randn(6, P, generator=g).to(torch.float16)
+    rows = quantize_ds_mla(kv_c, k_pe)
+    assert rows.shape == (6, ROW) and row_bytes() == ROW
+    codes, scales, rope = split_ds_mla(rows, torch.float16)
+    # scale = amax / 448 per tile; the largest magnitude maps to code +-448
+    amax = kv_c.float().view(6, 4, TILE).abs().amax(-1)
+    assert torch.equal(scales[amax > 0], (amax / FP8_MAX)[amax > 0])
+    assert scales[3, 1] == torch.finfo(torch.float32).tiny
+    assert (codes[3, 128:256] == 0).all()
+    vals = codes.view(torch.float8_e4m3fn).float().view(6, 4, TILE)
+    assert torch.equal(vals.abs().amax(-1)[amax > 0], torch.full_like(amax, FP8_MAX)[amax > 0])
+    assert torch.equal(rope, k_pe)  # rope bits stored as they are
+    # dequantised latent within e4m3's half-ulp (2**-4 relative) of the input
+    deq = dequant_ds_mla(rows, torch.float16)
+    x = kv_c.double()
+    err = (deq[:, :R] - x).abs()
+    tol = x.abs() * 2.0 ** -4 + scales.double().repeat_interleave(TILE, 1) * 2.0 ** -9
+    assert (err <= tol).all()
+    assert torch.equal(deq[:, R:], k_pe.double())
+
+
+def make_cache(num_blocks, block_size, n_tokens, seed, block_pad=0):
+    """Paged fp8_ds_mla cache (uint8 [nb, bs, 656], block stride padded by
+    `block_pad` bytes) holding n_tokens rows at random slots, + the float64
+    dequantised view of every slot [nb * bs, 576]."""
+    g = torch.Generator().manual_seed(seed)
+    backing = torch.zeros((num_blocks, block_size * ROW + block_pad), dtype=torch.uint8)
+    cache = backing[:, :block_size * ROW].view(num_blocks, block_size, ROW)
+    if block_pad:
+        assert not cache.is_contiguous()
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:n_tokens]
+    kv_c = latent_like_values(n_tokens, R, torch.float16, g)
+    k_pe = torch.randn(n_tokens, P, generator=g).to(torch.float16)
+    write_ds_mla(kv_c, k_pe, cache, slots)
+    deq = dequant_ds_mla(cache.reshape(-1, ROW), torch.float16)
+    return cache, deq, slots.to(torch.int32)
+
+
+def make_query(T, H, K, filled_slots, seed, hole_frac=0.3, empty_rows=()):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(T, H, D, generator=g) * 0.25).to(torch.float16)
+    pick = torch.randint(0, filled_slots.numel(), (T, K), generator=g)
+    sl = filled_slots[pick].clone()
+    sl[torch.rand(T, K, generator=g) < hole_frac] = -1
+    for r in empty_rows:
+        sl[r] = -1
+    return q, sl
+
+
+def run_and_check(smla, q, cache, deq, slots, **kw):
+    T, H, _ = q.shape
+    out = torch.full((T, H, R), float("nan"), dtype=torch.float16)
+    res = smla.sparse_mla_fwd(q, cache, slots, SCALE, out=out, kv_cache_dtype="fp8_ds_mla", **kw)
+    assert res.data_ptr() == out.data_ptr()
+    assert not torch.isnan(out).any()
+    empty = (slots < 0).all(dim=1)
+    assert (out[empty] == 0).all()
+    ref = reference_sparse_mla(q, deq, slots, SCALE)
+    err = rel_err(out, ref)
+    assert err < FP16_BOUND, err
+    return err
+
+
+@pytest.mark.parametrize("H", [3, 16, 20])
+@pytest.mark.parametrize("K", [16, 40])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("hw", [False, True], ids=["software", "hardware"])
+def test_kernel_fp8_paged(smla, H, K, num_splits, hw):
+    cache, deq, filled = make_cache(4, 16, 50, seed=H * 100 + K, block_pad=48)
+    q, slots = make_query(3, H, K, filled, seed=K, empty_rows=(1,))
+    run_and_check(smla, q, cache, deq, slots, num_splits=num_splits, fp8_hw=hw)
+
+
+def test_kernel_fp8_flat_and_split_q(smla):
+    """[num_slots, 656] cache, query given as (q_nope, q_pe) strided views,
+    BLOCK_DV = 256 (the V tile dequantised separately from the score tile)."""
+    cache, deq, filled = make_cache(1, 64, 40, seed=7)
+    flat = cache.view(64, ROW)
+    q, slots = make_query(2, 16, 32, filled, seed=8)
+    T, H = 2, 16
+    out = torch.empty((T, H, R), dtype=torch.float16)
+    smla.sparse_mla_fwd(q[..., :R], flat, slots, SCALE, out=out, q_pe=q[..., R:],
+                        kv_cache_dtype="fp8_ds_mla", fp8_hw=False,
+                        config=dict(BLOCK_DV=256), num_splits=2)
+    err = rel_err(out, reference_sparse_mla(q, deq, slots, SCALE))
+    assert err < FP16_BOUND, err
+
+
+def test_kernel_fp8_uses_scales_and_rope(smla):
+    """The kernel must read the scales and the 16-bit rope: corrupting either
+    field of the gathered slots changes the output."""
+    cache, deq, filled = make_cache(2, 16, 20, seed=3)
+    q, slots = make_query(2, 16, 16, filled, seed=4, hole_frac=0.0)
+    base = smla.sparse_mla_fwd(q, cache, slots, SCALE, kv_cache_dtype="fp8_ds_mla")
+    for lo, hi in ((R, R + 16), (R + 16, ROW)):
+        bad = cache.clone()
+        flat = bad.view(-1, ROW)
+        used = slots[slots >= 0].long().unique()
+        field = flat[used, lo:hi]
+        if lo == R:  # scales x 2
+            flat[used, lo:hi] = (field.contiguous().view(torch.float32) * 2).view(torch.uint8)
+        else:  # rope x 4
+            flat[used, lo:hi] = (field.contiguous().view(torch.float16) * 4).view(torch.uint8)
+        other = smla.sparse_mla_fwd(q, bad, slots, SCALE, kv_cache_dtype="fp8_ds_mla")
+        assert rel_err(other, base.double()) > 1e-2
+
+
+def test_kernel_fp8_rejects_bad_layouts(smla):
+    cache, _, filled = make_cache(1, 16, 8, seed=1)
+    q, slots = make_query(1, 16, 16, filled, seed=2)
+    with pytest.raises(AssertionError):  # 576-wide rows are not fp8_ds_mla
+        smla.sparse_mla_fwd(q, torch.zeros(16, D, dtype=torch.uint8), slots, SCALE,
+                            kv_cache_dtype="fp8_ds_mla")
+    with pytest.raises(AssertionError):  # fp32 queries: the rope is 16-bit
+        smla.sparse_mla_fwd(q.float(), cache, slots, SCALE, kv_cache_dtype="fp8_ds_mla")
+    with pytest.raises(AssertionError):  # a byte cache without the fp8 dtype string
+        smla.sparse_mla_fwd(q, cache, slots, SCALE)
+
+
+def test_backend_fp8_smoke(vllm_tree):
+    """TRITON_MLA_SPARSE with fp8_ds_mla through vLLM's own classes (stand-ins
+    for compiled modules): cache shape and page size, dtype canonicalisation,
+    supports_combination, the fp16 force-MQA rule, and builder.build +
+    forward_mqa vs float64 (tests/backend_fp8_interpret_smoke.py, own process)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "backend_fp8_interpret_smoke.py"
+    env = dict(os.environ, TRITON_INTERPRET="1", VLLM_LOGGING_LEVEL="ERROR")
+    proc = subprocess.run([sys.executable, str(script), str(vllm_tree)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for name in ("spec", "canon", "combo", "force_mqa", "forward"):
+        assert f"ok {name}" in proc.stdout, proc.stdout[-2000:]
+    m = re.search(r"rel_err (\S+)", proc.stdout)
+    assert m and float(m.group(1)) < FP16_BOUND, proc.stdout[-2000:]

@@ -1,0 +1,190 @@
+"""Compile-only check of EVERY launch configuration the heuristic can choose,
+for every GPU arch we serve (CPU, no GPU; complements test_kernel_compile.py,
+which compiles one prefill-sized configuration per arch).
+
+For each arch (sm80 86 89 90 100 120 121) the launch plan of
+`sparse_mla_fwd` (the module's own `_plan`, with the device query replaced by
+the arch's capability and the SM counts of real parts of that arch) is
+enumerated over heads 1..128, tokens 1..16384 (decode, split-K, prefill) and
+top-k 512/1024/2048.  Every distinct attention configuration (BLOCK_H,
+BLOCK_N, BLOCK_DV, warps, stages, split or not, PDL on sm90+ when split) is
+compiled for:
+  - a 16-bit cache: bf16 and fp16,
+  - the fp8_ds_mla cache: bf16 and fp16 queries, with the arch's default
+    decode (hardware e4m3 conversion on sm89+, software decode below), and on
+    sm89+ also the forced software decode (fp8_hw=False) with bf16,
+and every split-K merge configuration it can launch (BLOCK_S, warps, PDL) for
+bf16/fp16 outputs.  Each compiled kernel must have a cubin and PTX and fit the
+arch's per-block shared memory.  Registers / spills are reported (printed),
+not asserted.
+
+Runs one child process per arch without TRITON_INTERPRET (the interpreter
+tests set it process-wide), as many at once as there are CPUs.  `python
+tests/test_kernel_compile_matrix.py 86` prints the records of one arch as JSON
+lines.  About 1-2 minutes per arch on one free core.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from test_kernel_compile import ARCHES, SMEM_LIMIT, _ptxas_supports, _resources, _signature  # noqa: E402
+
+# SM counts of real parts per arch (the heuristic's split-K and tile choices
+# depend on it): A100 108, A30 56, A2 ~14 (as a small part); A6000 84, 3090 82,
+# A10 72, A2 10; L40(S) 142, 4090 128, L4 58, 4060 24; H100 SXM 132, PCIe 114,
+# H20 78; B200 148, B300 160; 5090 170, RTX PRO 6000 188, 5070 48 / 36;
+# GB10 (DGX Spark) 48.
+SMS = {80: (108, 56, 14), 86: (84, 82, 72, 10), 89: (142, 128, 58, 24),
+       90: (132, 114, 78), 100: (148, 160), 120: (170, 188, 48, 36), 121: (48,)}
+HEADS = (1, 8, 16, 20, 32, 48, 64, 96, 128)
+TOKENS = sorted({2 ** i for i in range(15)} | {3, 5, 24, 48, 96, 200, 3000})
+TOPK = (512, 1024, 2048)
+
+
+def plans(mod, arch: int):
+    """(attention configs, merge configs) the heuristic can launch on `arch`."""
+    import torch
+    import triton
+
+    cap = (arch // 10, arch % 10)
+    fwd, merge = set(), set()
+    saved = mod._device_info
+    try:
+        for sms in SMS[arch]:
+            mod._device_info = lambda dev, s=sms: (s, cap)
+            for dtype in (torch.bfloat16, torch.float16):
+                for H in HEADS:
+                    for T in TOKENS:
+                        for K in TOPK:
+                            cfg, splits, _ = mod._plan(dtype, torch.device("cpu"), T, H, K, 512,
+                                                       None, None)
+                            split = splits > 1
+                            fwd.add((cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["BLOCK_DV"],
+                                     cfg["num_warps"], cfg["num_stages"], split))
+                            if split:
+                                merge.add((max(16, triton.next_power_of_2(splits)),
+                                           4 if splits <= 16 else 8))
+    finally:
+        mod._device_info = saved
+    return sorted(fwd), sorted(merge)
+
+
+def compile_matrix(arch: int) -> list[dict]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from conftest import default_tree
+    from sparse_mla_reference import load_sparse_mla_module
+
+    mod = load_sparse_mla_module(default_tree(), interpret=False)
+    target = GPUTarget("cuda", arch, 32)
+    pdl_arch = arch >= 90
+    fwd_cfgs, merge_cfgs = plans(mod, arch)
+    variants = [("bf16", "16bit", False), ("fp16", "16bit", False),
+                ("bf16", "fp8_ds_mla", arch >= 89), ("fp16", "fp8_ds_mla", arch >= 89)]
+    if arch >= 89:
+        variants.append(("bf16", "fp8_ds_mla", False))
+    fwd = mod._sparse_mla_fwd_kernel
+    out = []
+    for dt, kv, hw in variants:
+        fp8 = kv == "fp8_ds_mla"
+        sig = _signature(
+            fwd, dt,
+            dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt", slots_ptr="i32",
+                 out_ptr="dt", part_out_ptr="fp32", part_lse_ptr="fp32"),
+            {"D_NOPE", "D_PE", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "IEEE_DOT", "PDL",
+             "KV_FP8", "FP8_HW"},
+            float_names=("qk_scale",))
+        for bh, bn, bdv, warps, stages, split in fwd_cfgs:
+            cst = dict(D_NOPE=512, D_PE=64, BLOCK_H=bh, BLOCK_N=bn, BLOCK_DV=bdv, SPLIT=split,
+                       IEEE_DOT=False, PDL=split and pdl_arch, KV_FP8=fp8, FP8_HW=hw and fp8)
+            k = triton.compile(ASTSource(fn=fwd, signature=sig, constexprs=cst), target=target,
+                               options=dict(num_warps=warps, num_stages=stages))
+            rec = dict(arch=arch, kernel="fwd", dtype=dt, kv=kv,
+                       decode=("hw" if hw else "sw") if fp8 else "-", BLOCK_H=bh, BLOCK_N=bn,
+                       BLOCK_DV=bdv, num_warps=warps, num_stages=stages, split=split,
+                       pdl=cst["PDL"], shared=int(k.metadata.shared))
+            _finish(rec, k)
+            out.append(rec)
+    merge = mod._sparse_mla_merge_kernel
+    for dt in ("bf16", "fp16"):
+        msig = _signature(merge, dt, dict(part_out_ptr="fp32", part_lse_ptr="fp32",
+                                          out_ptr="dt"), {"D_NOPE", "BLOCK_S", "PDL"})
+        for block_s, warps in merge_cfgs:
+            k = triton.compile(ASTSource(fn=merge, signature=msig,
+                                         constexprs=dict(D_NOPE=512, BLOCK_S=block_s,
+                                                         PDL=pdl_arch)),
+                               target=target, options=dict(num_warps=warps, num_stages=1))
+            rec = dict(arch=arch, kernel="merge", dtype=dt, BLOCK_S=block_s, num_warps=warps,
+                       pdl=pdl_arch, shared=int(k.metadata.shared))
+            _finish(rec, k)
+            out.append(rec)
+    return out
+
+
+def _finish(rec: dict, k) -> None:
+    rec["smem_limit"] = SMEM_LIMIT[rec["arch"]]
+    rec["has_cubin"] = len(k.asm.get("cubin", b"")) > 0
+    rec["has_ptx"] = len(k.asm.get("ptx", "")) > 0
+    if rec["has_cubin"]:
+        rec.update(_resources(k.asm["cubin"]))
+
+
+@pytest.fixture(scope="module")
+def children():
+    """One child per arch ptxas knows, run concurrently (os.cpu_count() at a
+    time): {arch: CompletedProcess}."""
+    pytest.importorskip("triton")
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    arches = [a for a in ARCHES if _ptxas_supports(a)]
+
+    def run(arch):
+        return subprocess.run([sys.executable, __file__, str(arch)], capture_output=True,
+                              text=True, env=env, timeout=3600)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(arches), os.cpu_count() or 1))) as pool:
+        return dict(zip(arches, pool.map(run, arches)))
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_every_heuristic_config_compiles(children, arch):
+    if arch not in children:
+        pytest.skip(f"bundled ptxas does not list sm_{arch}")
+    r = children[arch]
+    assert r.returncode == 0, r.stderr[-4000:]
+    recs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    fwd = [x for x in recs if x["kernel"] == "fwd"]
+    # the enumeration reaches decode (split) and prefill (no split) plans,
+    # and every cache variant
+    assert any(x["split"] for x in fwd) and any(not x["split"] for x in fwd)
+    kinds = {(x["dtype"], x["kv"], x["decode"]) for x in fwd}
+    want = {("bf16", "16bit", "-"), ("fp16", "16bit", "-"),
+            ("bf16", "fp8_ds_mla", "hw" if arch >= 89 else "sw"),
+            ("fp16", "fp8_ds_mla", "hw" if arch >= 89 else "sw")}
+    if arch >= 89:
+        want.add(("bf16", "fp8_ds_mla", "sw"))
+    assert kinds == want, kinds
+    assert any(x["kernel"] == "merge" for x in recs)
+    too_big = [x for x in recs if x["shared"] > x["smem_limit"]]
+    assert not too_big, too_big
+    for x in recs:
+        assert x["has_cubin"] and x["has_ptx"], x
+        print(json.dumps(x))
+
+
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)
+    for rec in compile_matrix(int(sys.argv[1])):
+        print(json.dumps(rec))
