@@ -10,6 +10,10 @@
 #            it, install the wheels, run tests/gpu/test_backend_gpu.py with vLLM imported natively
 #            (stand-in import if phase 1's ops are missing: the real-op test then skips)
 #   bench    carry .gpu-port/kern : the benchmark alone
+#   installed  carry nothing: right after `tests/e2e/device-run.sh run` on the same warm machine, the
+#            series' wheel (make build-wheel) is installed in /tmp/smla-e2e/site with vLLM's own
+#            compiled ops; kernel, fp8 KV and backend tests against that installed vllm, then the
+#            fp8 benchmark (bench/bench_fp8_kv.py --sweep)
 # usage (repo root): bash tests/gpu/device-run.sh all|kernels|backend|bench [pytest args]
 # Results under $OUT: gpu-env.txt, gpu-tests-<phase>.log, gpu-results.jsonl, bench/ (kernels).
 set -euo pipefail
@@ -76,6 +80,29 @@ case "$phase" in
     timeout 150 python3 bench/bench_sparse_mla.py --prewarm 14 --out "$out/bench" \
       > "$out/bench.log" 2>&1 || echo "bench exit $?" | tee -a "$out/bench.log"
     tail -2 "$out/bench.log"
+    exit $rc
+    ;;
+  installed)  # no carry: the wheel tests/e2e/device-run.sh installed (same warm machine)
+    site=/tmp/smla-e2e/site
+    [ -f "$site/.installed" ] || { echo "no installed wheel in $site: run tests/e2e/device-run.sh first" >&2; exit 20; }
+    python3 -c "import importlib.metadata as m, sys; sys.path.insert(0, '$site'); print('installed vllm', m.version('vllm'))" \
+      | tee -a "$out/gpu-env-$phase.txt"
+    sha256sum "$site"/vllm/_C_stable_libtorch.abi3.so "$site"/vllm/v1/attention/ops/triton_*.py | tee -a "$out/gpu-env-$phase.txt"
+    export SMLA_TREE=$site SMLA_VLLM_C_SO=$site/vllm/_C_stable_libtorch.abi3.so
+    export SMLA_GPU_RESULTS=$out/gpu-results.jsonl SMLA_FP8_RESULTS=$out/fp8-gpu-results.jsonl
+    timeout 75 python3 bench/bench_fp8_kv.py --prewarm 14 --prewarm-only --sweep > "$out/prewarm.log" 2>&1 \
+      || echo "prewarm exit $?" >> "$out/prewarm.log"
+    rc=0
+    timeout 120 python3 -m pytest tests/gpu/test_kernel_gpu.py tests/gpu/test_fp8_kv_gpu.py -m gpu -q \
+      -p no:cacheprovider -rA "$@" > "$out/gpu-tests-kernels.log" 2>&1 || rc=$?
+    tail -2 "$out/gpu-tests-kernels.log"
+    PYTHONPATH=$site:$PWD/tools VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING} \
+      timeout 120 python3 -m pytest tests/gpu/test_backend_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
+      > "$out/gpu-tests-backend.log" 2>&1 || rc=$?
+    tail -2 "$out/gpu-tests-backend.log"
+    timeout 90 python3 bench/bench_fp8_kv.py --sweep --out "$out/bench-fp8" > "$out/bench-fp8.log" 2>&1 \
+      || echo "bench exit $?" >> "$out/bench-fp8.log"
+    tail -25 "$out/bench-fp8.log"
     exit $rc
     ;;
   bench)  # carry .gpu-port/kern: the benchmark alone (also part of `kernels`)
