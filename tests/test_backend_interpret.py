@@ -25,8 +25,9 @@ def test_backend_forward_interpreted_with_stand_ins(vllm_tree):
 def test_explicit_backend_validation_reasons(vllm_tree):
     """--attention-backend TRITON_MLA_SPARSE through vLLM's own selector
     (capability mocked by smla.selection): valid wherever the kernel runs,
-    refused with a reason for fp8 caches, a 16-bit cache of the other type
-    than the model, and GPUs below sm80."""
+    an fp8 cache stored as fp8_ds_mla; refused with a reason for an fp8
+    format it does not read, a 16-bit cache of the other type than the model,
+    and GPUs below sm80."""
     from smla import selection as S
 
     cells = [
@@ -34,13 +35,15 @@ def test_explicit_backend_validation_reasons(vllm_tree):
         S.Cell("glm-5", "12.0", "bfloat16", kv_cache_dtype="bfloat16", backend="TRITON_MLA_SPARSE"),
         S.Cell("glm-5", "9.0", "bfloat16", backend="TRITON_MLA_SPARSE"),
         S.Cell("glm-5", "8.0", "bfloat16", kv_cache_dtype="fp8", backend="TRITON_MLA_SPARSE"),
+        S.Cell("glm-5", "8.0", "bfloat16", kv_cache_dtype="fp8_e5m2", backend="TRITON_MLA_SPARSE"),
         S.Cell("glm-5", "8.9", "float16", kv_cache_dtype="bfloat16", backend="TRITON_MLA_SPARSE"),
         S.Cell("glm-5", "7.5", "float16", backend="TRITON_MLA_SPARSE"),
     ]
     res = S.run_selection(vllm_tree, cells)
     picked = [r.get("selected") for r in res]
-    assert picked[:3] == ["TRITON_MLA_SPARSE"] * 3, [(r.get("selected"), r.get("error")) for r in res]
-    assert picked[3:] == [None, None, None]
-    assert "fp8 KV cache not supported by TRITON_MLA_SPARSE" in res[3]["error"]
-    assert "needs the cache in the model dtype" in res[4]["error"]
-    assert "compute capability not supported" in res[5]["error"]
+    assert picked[:4] == ["TRITON_MLA_SPARSE"] * 4, [(r.get("selected"), r.get("error")) for r in res]
+    assert res[3]["kv_cache_dtype_used"] == "fp8_ds_mla"
+    assert picked[4:] == [None, None, None]
+    assert "kv_cache_dtype fp8_e5m2 not supported by TRITON_MLA_SPARSE" in res[4]["error"]
+    assert "needs the cache in the model dtype" in res[5]["error"]
+    assert "compute capability not supported" in res[6]["error"]

@@ -334,12 +334,14 @@ def test_real_cache_write_then_attend(backend_mod, dtype):
 
 @pytest.mark.parametrize("heads", [16, 128])
 def test_workspace_reserved_no_per_layer_allocation(backend_mod, heads):
-    """With vLLM's workspace manager (as the GPU model runner sets it up),
-    the builder reserves the worst case, the workspace is locked (it may not
-    grow any more), and forward_mqa then runs without a single CUDA caching-
-    allocator allocation: output, slot ids and split-K scratch are views of
-    the shared workspace (what FLASHMLA_SPARSE / TRITON_MLA do for their
-    scratch)."""
+    """With vLLM's workspace manager (as the GPU worker sets it up before the
+    model is built), the impl reserves the worst case when it is constructed
+    under the model's config (model build time, before vLLM's memory
+    profiling; patch 0012), the workspace is then locked (it may not grow any
+    more) and forward_mqa runs without a single CUDA caching-allocator
+    allocation: output, slot ids and split-K scratch are views of the shared
+    workspace (what FLASHMLA_SPARSE / TRITON_MLA do for their scratch)."""
+    from vllm.config import set_current_vllm_config
     from vllm.v1.worker import workspace as ws
 
     device = torch.device("cuda")
@@ -348,12 +350,18 @@ def test_workspace_reserved_no_per_layer_allocation(backend_mod, heads):
     max_tokens = 256
     ws.init_workspace_manager(device)
     try:
-        builder = make_builder(backend_mod, heads, dtype, max_tokens, device)
-        ws.lock_workspace()
+        cfg = vllm_config_stand_in(heads, dtype, max_tokens)
         topk_buffer = torch.full((max_tokens, TOPK), -1, dtype=torch.int32, device=device)
         scale = (192 + ROPE) ** -0.5
-        impl = _make_impl(backend_mod, heads, scale,
-                          SimpleNamespace(topk_indices_buffer=topk_buffer))
+        before = ws.current_workspace_manager()._current_workspaces[0]
+        before = 0 if before is None else before.numel()
+        with set_current_vllm_config(cfg):
+            impl = _make_impl(backend_mod, heads, scale,
+                              SimpleNamespace(topk_indices_buffer=topk_buffer))
+        reserved = ws.current_workspace_manager()._current_workspaces[0].numel()
+        assert reserved > before, "the impl reserved nothing at construction"
+        ws.lock_workspace()
+        builder = make_builder(backend_mod, heads, dtype, max_tokens, device)
         # Decode (1 token: the split-K worst case), a mixed batch and a full
         # max_tokens step.
         for requests in ([(1, 3000)], REQUESTS, [(max_tokens, 4000)]):
