@@ -16,6 +16,16 @@ For each (TP, model, dtype) every side other than `ref` is compared with `ref`:
   margin 0, are counted apart); the |difference|
   of the top-1 logprob at every step up to the divergence, where both sides
   still have the same context (decode path: prefix cache, MTP, CUDA graphs).
+
+fp8 KV cache engines (names tpN-model-dtype-fp8kv-side, README "fp8 KV cache"):
+- fp8 `ours` with an fp8 `ref` of the same dtype (bf16): compared with it (same
+  quantised cache, two kernels), bounded like the 16-bit `ours` (factor x the
+  ref2-vs-ref spread of the model);
+- fp8 `ours` without one (fp16: upstream has no fp16 + fp8 sparse backend on sm90):
+  compared with the kv-auto `ref` (16-bit cache), so the difference holds the fp8
+  quantisation; bounded by fp8_cost_factor x upstream's own fp8 cost (the bf16 fp8
+  `ref` vs the bf16 kv-auto `ref` of the model), never below the bf16 floors;
+- fp8 `ref` vs kv-auto `ref`: reported, not bounded (the calibration above).
 """
 from __future__ import annotations
 
@@ -26,6 +36,12 @@ from pathlib import Path
 import numpy as np
 
 INDEX_TOPK = 2048
+SIXTEEN_BIT_OR_AUTO = {"auto", "bfloat16", "float16", "half", "bf16", "fp16", "float", "float32"}
+
+
+def engine_name(tp: int, model: str, dtype: str, side: str, kv: str = "auto") -> str:
+    """tpN-model-dtype-side for the model-dtype KV cache; tpN-model-dtype-fp8kv-side for fp8."""
+    return f"tp{tp}-{model}-{dtype}-{side}" if kv == "auto" else f"tp{tp}-{model}-{dtype}-{kv}kv-{side}"
 
 
 def _load(res: Path, name: str):
@@ -111,6 +127,68 @@ def bounds_for(dtype: str, calib: dict | None, cfg: dict) -> tuple[dict, str]:
             f"{f} x ref2-vs-ref spread of {calib['name']}, floors {floor}")
 
 
+def _sparse_or_all(c: dict, key: str):
+    tf = c["teacher_forced"]
+    return tf["sparse"][key] if tf["sparse"].get("n") else tf["all"][key]
+
+
+# Upstream's fp8 cost, read where upstream reads every key from the fp8 cache. In the bf16
+# fp8 `ref`, a prefill batch whose longest sequence is <= index_topk goes to vLLM's dense MHA
+# prefill, which attends to the current chunk's fresh 16-bit K/V (only earlier chunks come
+# from the cache, upconverted): those "dense" teacher-forced positions carry little or no
+# quantisation. The fp16 fp8 `ours` runs every prefill through our kernel from the fp8 cache
+# (forced MQA, docs/fp8-kv.md). So the teacher-forced statistics are calibrated on the
+# sparse positions (> index_topk seen: always the sparse kernel, every key from the cache);
+# decode steps read the cache on every side and keep their statistic.
+FP8_COST_STATS = dict(
+    STATS,
+    tf_mean_abs=lambda c: _sparse_or_all(c, "mean"),
+    tf_p99_abs=lambda c: _sparse_or_all(c, "p99"),
+    tf_top1_disagree=lambda c: 1.0 - (c["teacher_forced"]["top1_agree_sparse"]
+                                      if c["teacher_forced"]["sparse"].get("n") else c["teacher_forced"]["top1_agree"]),
+)
+
+
+def bounds_fp8_cost(calib: dict | None, cfg: dict) -> tuple[dict, str]:
+    """Bounds of an fp8-cache `ours` compared with a 16-bit-cache `ref`: fp8_cost_factor x
+    upstream's own fp8 cost (its fp8 `ref` vs its kv-auto `ref`, bf16, same model;
+    teacher-forced statistics of the sparse positions, FP8_COST_STATS), never below the
+    bf16 floors (the quantisation noise is the same for both model dtypes); the fixed bf16
+    bounds when no fp8 `ref` ran."""
+    if calib is None:
+        return dict(cfg["fixed"]["bfloat16"]), "fixed bfloat16 (no fp8kv-ref calibration in this run)"
+    f = cfg["fp8_cost_factor"]
+    floor = cfg["floor"]["bfloat16"]
+    return ({k: max(f * FP8_COST_STATS[k](calib), floor[k]) for k in STATS},
+            f"{f} x upstream fp8 cost ({calib['name']} vs {calib['ref']}; teacher-forced: sparse positions), "
+            f"bfloat16 floors {floor}")
+
+
+def _kv_failures(name: str, meta: dict) -> list[str]:
+    """An fp8-cache engine whose cache turned out 16-bit (or auto)."""
+    seen = {"config": [(meta.get("kv_cache") or {}).get("dtype_used")],
+            "layers": sorted({d for p in meta.get("model_probe") or [] for d in p.get("kv_cache_dtypes", [])})}
+    bad = [f"{where} {','.join(map(str, v))}" for where, v in seen.items() if set(v) & SIXTEEN_BIT_OR_AUTO]
+    return [f"{name}: fp8 KV cache requested, used {', '.join(bad)}"] if bad else []
+
+
+def _capacity(engines: dict, jobs: list[dict]) -> None:
+    """engines[*]["kv_capacity_vs"]: tokens / tokens of the kv-auto engine of the same
+    tp/model/dtype/side, else of that tp/model/dtype's kv-auto `ref` (fp8 engines only)."""
+    for job in jobs:
+        kv = job.get("kv_cache_dtype", "auto")
+        e = engines[job["name"]]
+        tokens = (e.get("kv_cache") or {}).get("tokens")
+        if kv == "auto" or not tokens:
+            continue
+        for side in (job["side"], "ref"):
+            base = engine_name(job["tp"], job["model"], job["dtype"], side)
+            btok = ((engines.get(base) or {}).get("kv_cache") or {}).get("tokens")
+            if btok:
+                e["kv_capacity_vs"] = {"engine": base, "ratio": tokens / btok}
+                break
+
+
 def check_bounds(cmp: dict, b: dict) -> list[str]:
     """Descriptions of the broken bounds (empty: within bounds)."""
     bad = []
@@ -133,7 +211,8 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
                                       "pass2_gen_tok_per_s", "cudagraph_mode", "compilation_mode",
                                       "model_probe", "drafter_probe", "worker_cudagraphs", "versions", "metrics", "prompt_tokens",
                                       "generated_tokens")}
-        e.update(side=job["side"], backend_forced=job["backend"], env=job["env"])
+        e.update(side=job["side"], backend_forced=job["backend"], env=job["env"],
+                 kv_cache_dtype=job.get("kv_cache_dtype", "auto"), kv_cache=meta.get("kv_cache"))
         engines[job["name"]] = e
         if not meta.get("ok"):
             failures.append(f"{job['name']}: engine failed: {meta.get('error')}")
@@ -146,8 +225,13 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
         want = {"ours": ["TRITON_MLA_SPARSE"], "ref2": ["FLASHMLA_SPARSE"]}.get(job["side"])
         if want is not None and used != want:
             failures.append(f"{job['name']}: attention backends {used}, expected {want}")
-        if job["side"] == "ref" and not (len(used) == 1 and used[0] in ("FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE")):
-            failures.append(f"{job['name']}: reference selected {used}")
+        fp8 = job.get("kv_cache_dtype", "auto") != "auto"
+        ref_ok = ("FLASHMLA_SPARSE",) if fp8 else ("FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE")
+        if job["side"] == "ref" and not (len(used) == 1 and used[0] in ref_ok):
+            failures.append(f"{job['name']}: reference selected {used}"
+                            + (", expected ['FLASHMLA_SPARSE'] for the fp8 cache" if fp8 else ""))
+        if fp8:
+            failures += _kv_failures(job["name"], meta)
         modes = {w.get("cudagraph_mode", "?").split(".")[-1] for w in meta.get("worker_cudagraphs") or []}
         if not modes or "NONE" in modes:
             failures.append(f"{job['name']}: CUDA graphs not in use (worker mode {sorted(modes)})")
@@ -156,23 +240,45 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
         if logits != want_idx:
             failures.append(f"{job['name']}: indexer logits on {logits}, expected {want_idx}")
     exit_code = 3 if failures else 0
+    _capacity(engines, jobs)
+    names = {j["name"] for j in jobs}
     by_name = {}
-    # ref2 first: its spread calibrates the bounds of `ours`
-    for job in sorted(jobs, key=lambda j: j["side"] != "ref2"):
-        if job["side"] == "ref":
+
+    def calib_of(job: dict, side: str, kv: str = "auto") -> dict | None:
+        """The bf16 comparison of `side` (kv) of the model: same TP, else TP=1."""
+        for tp in (job["tp"], 1):
+            c = by_name.get(engine_name(tp, job["model"], "bfloat16", side, kv))
+            if c is not None:
+                return c
+        return None
+
+    # ref2 first: its spread calibrates the bounds of `ours`; then the fp8 `ref`: its
+    # distance to the kv-auto `ref` calibrates the fp8 `ours` compared with a 16-bit `ref`
+    def order(j: dict) -> tuple[bool, bool]:
+        return j["side"] != "ref2", not (j["side"] == "ref" and j.get("kv_cache_dtype", "auto") != "auto")
+
+    for job in sorted(jobs, key=order):
+        kv = job.get("kv_cache_dtype", "auto")
+        if job["side"] == "ref" and kv == "auto":
             continue
-        ref_name = job["name"].rsplit("-", 1)[0] + "-ref"
+        ref_name = engine_name(job["tp"], job["model"], job["dtype"], "ref")
+        same_cache_ref = engine_name(job["tp"], job["model"], job["dtype"], "ref", kv)
+        if kv != "auto" and job["side"] == "ours" and same_cache_ref in names:
+            ref_name = same_cache_ref  # an upstream kernel reading the same fp8 cache
         if ref_name not in loaded or not loaded[ref_name][0].get("ok") or not loaded[job["name"]][0].get("ok"):
             continue
         cmp = compare_pair(loaded[ref_name][1], loaded[job["name"]][1])
         cmp.update(name=job["name"], ref=ref_name, side=job["side"], dtype=job["dtype"], model=job["model"],
-                   tp=job["tp"])
+                   tp=job["tp"], kv_cache_dtype=kv)
         by_name[job["name"]] = cmp
         comparisons.append(cmp)
         if job["side"] == "ours":
-            calib = next((by_name.get(f"tp{tp}-{job['model']}-bfloat16-ref2") for tp in (job["tp"], 1)
-                          if f"tp{tp}-{job['model']}-bfloat16-ref2" in by_name), None)
-            cmp["bounds"], cmp["bounds_from"] = bounds_for(job["dtype"], calib, bounds)
+            if kv == "auto" or ref_name == same_cache_ref:
+                cmp["bounds"], cmp["bounds_from"] = bounds_for(job["dtype"], calib_of(job, "ref2"), bounds)
+                if kv != "auto":
+                    cmp["bounds_from"] = f"same {kv} cache on both sides; " + cmp["bounds_from"]
+            else:
+                cmp["bounds"], cmp["bounds_from"] = bounds_fp8_cost(calib_of(job, "ref", kv), bounds)
             cmp["broken"] = check_bounds(cmp, cmp["bounds"])
             if cmp["broken"] and exit_code == 0:
                 exit_code = 1
@@ -203,7 +309,8 @@ def write_report(s: dict) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in s["comparisons"]:
         tf, g = c["teacher_forced"], c["greedy"]
-        out.append(f"| {c['name']} | {tf['all']['mean']:.2e} | {tf['all']['p99']:.2e} | {tf['all']['max']:.2e} | "
+        label = c["name"] if c.get("kv_cache_dtype", "auto") == "auto" else f"{c['name']} vs {c['ref']}"
+        out.append(f"| {label} | {tf['all']['mean']:.2e} | {tf['all']['p99']:.2e} | {tf['all']['max']:.2e} | "
                    f"{tf['sparse'].get('p99', float('nan')):.2e} | {tf['top1_agree']:.4f} | "
                    f"{g['decode_top1_lp_diff']['mean']:.2e} | {g['decode_top1_lp_diff']['p99']:.2e} | "
                    f"{g['identical_rows']}/{g['rows']} | {g['matched_total']}/{g['tokens_total']} | "
@@ -212,6 +319,18 @@ def write_report(s: dict) -> str:
         if c.get("bounds_from"):
             out.append(f"- bounds of {c['name']}: {c['bounds_from']}: "
                        + ", ".join(f"{k} {v:.3g}" for k, v in c["bounds"].items()))
+    kv_rows = [(n, e) for n, e in s["engines"].items() if e.get("kv_cache")]
+    if kv_rows:
+        out += ["", "| KV cache | dtype requested | dtype used (config / layers) | GPU KV cache tokens | "
+                "max concurrency | ratio | to |", "|---|---|---|---|---|---|---|"]
+        for name, e in kv_rows:
+            kc = e["kv_cache"]
+            layers = ",".join(sorted({d for p in e.get("model_probe") or [] for d in p.get("kv_cache_dtypes", [])}))
+            vs = e.get("kv_capacity_vs")
+            out.append(f"| {name} | {e.get('kv_cache_dtype', 'auto')} | {kc.get('dtype_used')} / {layers or '-'} | "
+                       f"{'-' if kc.get('tokens') is None else format(kc['tokens'], ',')} | "
+                       f"{'-' if kc.get('max_concurrency') is None else format(kc['max_concurrency'], '.2f')} | "
+                       f"{'-' if not vs else format(vs['ratio'], '.3f')} | {'-' if not vs else vs['engine']} |")
     if s["failures"]:
         out += ["", "failures:"] + [f"- {f}" for f in s["failures"]]
     out += ["", f"exit code {s['exit_code']}", ""]

@@ -114,14 +114,17 @@ def register() -> None:
 
 
 def describe_model(model) -> dict:
-    """Which attention / indexer implementations the loaded model really uses (run in workers)."""
-    impls, backends, indexers = set(), set(), set()
+    """Which attention / indexer implementations and KV cache dtype the loaded model really
+    uses (run in workers)."""
+    impls, backends, indexers, kv_dtypes = set(), set(), set(), set()
     for _, mod in model.named_modules():
         impl = getattr(mod, "impl", None)
         if impl is not None and hasattr(mod, "attn_backend"):
             impls.add(f"{type(impl).__module__}.{type(impl).__name__}")
             backend = mod.attn_backend
             backends.add(backend.get_name() if hasattr(backend, "get_name") else str(backend))
+            # the layer's cache dtype after vLLM's sparse-MLA canonicalisation (fp8 -> fp8_ds_mla)
+            kv_dtypes.add(str(getattr(mod, "kv_cache_dtype", "?")))
         if type(mod).__name__ in ("SparseAttnIndexer", "Indexer"):
             indexers.add(f"{type(mod).__module__}.{type(mod).__name__}")
     n_params = sum(p.numel() for p in model.parameters())
@@ -132,7 +135,8 @@ def describe_model(model) -> dict:
     except ImportError:
         logits = ["deepgemm", "pristine vLLM: DeepGEMM is the only CUDA indexer"]
     return {"attention_impls": sorted(impls), "attention_backends": sorted(backends),
-            "indexer_modules": sorted(indexers), "indexer_logits": logits, "parameters": n_params}
+            "indexer_modules": sorted(indexers), "indexer_logits": logits, "parameters": n_params,
+            "kv_cache_dtypes": sorted(kv_dtypes)}
 
 
 def worker_cudagraphs(worker) -> dict:

@@ -19,6 +19,13 @@ apart; `ours` = TRITON_MLA_SPARSE forced plus the Triton indexer forced
 against tests/e2e/bounds.json and exits 1 when a bound is broken, 3 when an
 engine failed.
 
+KV cache (--kv-dtypes): `auto` = the model dtype (the engines above, names
+tpN-model-dtype-side); `fp8` = kv_cache_dtype="fp8" (vLLM makes it fp8_ds_mla for
+sparse MLA), names tpN-model-dtype-fp8kv-side, sides: `ours` (bf16, fp16) and `ref`
+(bf16 only, vLLM's own selection: FLASHMLA_SPARSE on sm90; FLASH_ATTN_MLA_SPARSE has
+no fp8 and upstream has no fp16 + fp8 sparse backend on sm90); no `ref2`. Every
+engine records the KV cache dtype it used and the capacity vLLM logged.
+
 Runs on the GPU machine (tests/e2e/device-run.sh); needs no network.
 """
 from __future__ import annotations
@@ -27,6 +34,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import sys
 import time
@@ -34,6 +42,9 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from compare import engine_name  # noqa: E402  (one naming rule for both modules)
+
 MODELS = {"deepseek-v32-tiny": HERE / "models" / "deepseek-v32-tiny",
           "glm5-tiny": HERE / "models" / "glm5-tiny"}
 # What pristine 0.26.0 selects on sm90 for these models, bf16 and fp16 (seen in the
@@ -43,6 +54,7 @@ REF_BACKEND = "FLASH_ATTN_MLA_SPARSE"
 REF2_BACKEND = "FLASHMLA_SPARSE"
 OURS_BACKEND = "TRITON_MLA_SPARSE"
 INDEXER_SWITCH = "VLLM_SPARSE_INDEXER_BACKEND"  # docs/indexer.md
+KV_DTYPES = ("auto", "fp8")
 GEN_TOKENS = 48
 ENGINE = dict(
     load_format="e2e_dummy",
@@ -103,6 +115,78 @@ def _metrics(llm) -> dict:
     return out
 
 
+# vLLM 0.26.0, vllm/v1/core/kv_cache_utils.py (get_kv_cache_configs), logged once by the
+# engine core, whose stdout/stderr is this engine's engine.log:
+#   logger.info_once("GPU KV cache size: %s tokens", f"{num_tokens:,}")
+#   logger.info_once("Maximum concurrency for %s tokens per request: %.2fx", f"{max_model_len:,}", c)
+KV_SIZE_RE = re.compile(r"GPU KV cache size: ([0-9][0-9,]*) tokens")
+KV_CONC_RE = re.compile(r"Maximum concurrency for ([0-9][0-9,]*) tokens per request: ([0-9.]+)x")
+
+
+def parse_kv_capacity(text: str) -> dict:
+    """The KV capacity vLLM logged: tokens (int), max_concurrency (float), the raw lines.
+
+    None for what is not there; the last occurrence wins."""
+    out = {"tokens": None, "max_concurrency": None, "line": None, "concurrency_line": None}
+    for line in text.splitlines():
+        m = KV_SIZE_RE.search(line)
+        if m:
+            out["tokens"], out["line"] = int(m.group(1).replace(",", "")), line.strip()
+        m = KV_CONC_RE.search(line)
+        if m:
+            try:
+                out["max_concurrency"] = float(m.group(2))
+            except ValueError:
+                out["max_concurrency"] = None
+            out["concurrency_line"] = line.strip()
+    return out
+
+
+def kv_cache_record(vllm_config, log_path: Path) -> dict:
+    """meta["kv_cache"]: the cache dtype in the front end's config and the capacity from the log.
+
+    Never raises (informative; the dtype check is compare.py's). The front end's
+    cache_config is what the engine was built with; the layers' own dtype (after
+    vLLM's sparse-MLA canonicalisation, e.g. fp8 -> fp8_ds_mla, done in the workers)
+    is in model_probe[*]["kv_cache_dtypes"]."""
+    rec: dict = {"dtype_used": None, "tokens": None, "max_concurrency": None, "line": None}
+    try:
+        rec["dtype_used"] = str(vllm_config.cache_config.cache_dtype)
+    except Exception as exc:
+        rec["error"] = f"cache_dtype: {exc!r}"
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        rec.update(parse_kv_capacity(Path(log_path).read_text(errors="replace")))
+    except Exception as exc:
+        rec["error"] = f"log: {exc!r}"
+    return rec
+
+
+def engine_kwargs(spec: dict) -> dict:
+    """The vllm.LLM(...) arguments of one engine."""
+    kwargs = dict(ENGINE, model=spec["model_dir"], dtype=spec["dtype"],
+                  tensor_parallel_size=spec["tp"], kv_cache_memory_bytes=spec["kv_bytes"])
+    att = {}
+    if spec["backend"]:
+        att["backend"] = spec["backend"]
+    if spec.get("force_mqa"):
+        # vLLM 0.26 sends prefill batches whose longest sequence is <= index_topk to a
+        # shared dense MHA prefill kernel (FlashAttention) on every sparse backend;
+        # this sends them through the sparse backend's MQA path too.
+        att["sparse_mla_force_mqa"] = True
+    if att:
+        kwargs["attention_config"] = att
+    if spec.get("kv_cache_dtype", "auto") != "auto":
+        kwargs["kv_cache_dtype"] = spec["kv_cache_dtype"]
+    if spec["backend"]:
+        # the MTP drafter selects its own backend (SpeculativeConfig.attention_backend,
+        # auto = FLASH_ATTN_MLA_SPARSE on sm90) unless told: same kernel as the target.
+        # Not forced (backend None: the fp8 `ref`, --ref-backend auto), it selects like the target.
+        kwargs["speculative_config"] = dict(ENGINE["speculative_config"], attention_backend=spec["backend"])
+    return kwargs
+
+
 def engine_main(spec: dict, result_dir: str) -> None:
     """Child process: build one engine, run both passes, save arrays + meta."""
     rdir = Path(result_dir)
@@ -123,25 +207,10 @@ def engine_main(spec: dict, result_dir: str) -> None:
         from e2e_plugin import describe_model, worker_cudagraphs, worker_drafter
 
         t0 = time.perf_counter()
-        kwargs = dict(ENGINE, model=spec["model_dir"], dtype=spec["dtype"],
-                      tensor_parallel_size=spec["tp"], kv_cache_memory_bytes=spec["kv_bytes"])
-        att = {}
-        if spec["backend"]:
-            att["backend"] = spec["backend"]
-        if spec.get("force_mqa"):
-            # vLLM 0.26 sends prefill batches whose longest sequence is <= index_topk to a
-            # shared dense MHA prefill kernel (FlashAttention) on every sparse backend;
-            # this sends them through the sparse backend's MQA path too.
-            att["sparse_mla_force_mqa"] = True
-        if att:
-            kwargs["attention_config"] = att
-        if spec["backend"]:
-            # the MTP drafter selects its own backend (SpeculativeConfig.attention_backend,
-            # auto = FLASH_ATTN_MLA_SPARSE on sm90) unless told: same kernel as the target
-            kwargs["speculative_config"] = dict(ENGINE["speculative_config"], attention_backend=spec["backend"])
-        llm = LLM(**kwargs)
+        llm = LLM(**engine_kwargs(spec))
         meta["init_s"] = time.perf_counter() - t0
         cfg = llm.llm_engine.vllm_config
+        meta["kv_cache"] = kv_cache_record(cfg, rdir / "engine.log")
         meta["cudagraph_mode"] = str(cfg.compilation_config.cudagraph_mode)
         meta["compilation_mode"] = str(cfg.compilation_config.mode)
         meta["model_probe"] = llm.apply_model(describe_model)
@@ -212,6 +281,32 @@ def engine_main(spec: dict, result_dir: str) -> None:
     os._exit(0)
 
 
+def sides_for(dtype: str, kv: str, sides: list[str]) -> list[str]:
+    """The requested sides that exist for one model dtype and KV cache dtype.
+
+    kv auto: ref, ours, and ref2 for bf16 only (FLASHMLA_SPARSE is bf16-only).
+    kv fp8:  ours for bf16 and fp16; ref for bf16 only (upstream has no fp16 + fp8
+             sparse backend on sm90); no ref2 (FLASH_ATTN_MLA_SPARSE has no fp8, so
+             there is no second upstream fp8 kernel)."""
+    if kv == "auto":
+        exists = {"ref", "ours"} | ({"ref2"} if dtype == "bfloat16" else set())
+    else:
+        exists = ({"ours"} if dtype in ("bfloat16", "float16") else set()) | (
+            {"ref"} if dtype == "bfloat16" else set())
+    return [s for s in sides if s in exists]
+
+
+def side_backend(side: str, kv: str, ref_backend: str) -> str | None:
+    """The attention backend forced on a side (None: vLLM's own selection)."""
+    if side == "ours":
+        return OURS_BACKEND
+    if side == "ref2":
+        return REF2_BACKEND
+    if kv != "auto":
+        return None  # fp8 `ref`: what vLLM picks for the fp8 cache (FLASHMLA_SPARSE on sm90)
+    return None if ref_backend == "auto" else ref_backend
+
+
 def build_jobs(args) -> list[dict]:
     ours_env = dict(kv.split("=", 1) for kv in args.ours_env)
     base_env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
@@ -220,18 +315,24 @@ def build_jobs(args) -> list[dict]:
     jobs = []
     for tp in args.tp:
         for model in args.models:
-            for dtype in args.dtypes:
-                for side in args.sides:
-                    if side == "ref2" and dtype != "bfloat16":
-                        continue  # FLASHMLA_SPARSE is bf16-only
-                    ref_backend = None if args.ref_backend == "auto" else args.ref_backend
-                    backend = {"ref": ref_backend, "ref2": REF2_BACKEND, "ours": OURS_BACKEND}[side]
-                    side_env = ours_env if side == "ours" else {INDEXER_SWITCH: "deepgemm"}
-                    env = dict(base_env, **side_env)
-                    jobs.append({"name": f"tp{tp}-{model}-{dtype}-{side}", "model": model,
-                                 "model_dir": str(MODELS[model]), "dtype": dtype, "side": side,
-                                 "tp": tp, "backend": backend, "env": env, "force_mqa": args.force_mqa,
-                                 "kv_bytes": args.kv_gib << 30})
+            for kv in getattr(args, "kv_dtypes", ["auto"]):
+                for dtype in args.dtypes:
+                    for side in sides_for(dtype, kv, args.sides):
+                        side_env = ours_env if side == "ours" else {INDEXER_SWITCH: "deepgemm"}
+                        jobs.append({"name": engine_name(tp, model, dtype, side, kv), "model": model,
+                                     "model_dir": str(MODELS[model]), "dtype": dtype, "side": side,
+                                     "tp": tp, "kv_cache_dtype": kv,
+                                     "backend": side_backend(side, kv, args.ref_backend),
+                                     "env": dict(base_env, **side_env), "force_mqa": args.force_mqa,
+                                     "kv_bytes": args.kv_gib << 30})
+    return jobs
+
+
+def select_jobs(args) -> list[dict]:
+    """build_jobs, then --only."""
+    jobs = build_jobs(args)
+    if args.only:
+        jobs = [j for j in jobs if re.search(args.only, j["name"])]
     return jobs
 
 
@@ -271,7 +372,7 @@ def run_jobs(jobs: list[dict], args, res: Path) -> None:
         time.sleep(1)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/smla-e2e-out")))
     ap.add_argument("--results", type=Path, default=Path("/tmp/smla-e2e/results"),
@@ -280,10 +381,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
     ap.add_argument("--sides", nargs="+", default=["ref", "ours"], choices=["ref", "ref2", "ours"])
     ap.add_argument("--tp", nargs="+", type=int, default=[1])
+    ap.add_argument("--kv-dtypes", nargs="+", default=["auto"], choices=list(KV_DTYPES),
+                    help="KV cache dtypes: auto (the model dtype) and/or fp8 (fp8_ds_mla for sparse MLA); "
+                         "fp8 engines are named tpN-model-dtype-fp8kv-side")
     ap.add_argument("--ours-env", action="append", default=None, metavar="NAME=VALUE",
                     help=f"environment of the `ours` engines (default {INDEXER_SWITCH}=triton)")
     ap.add_argument("--ref-backend", default=REF_BACKEND,
-                    help="attention backend of `ref`; 'auto' = vLLM's own selection")
+                    help="attention backend of the kv-auto `ref`; 'auto' = vLLM's own selection "
+                         "(the fp8 `ref` always uses vLLM's own selection)")
     ap.add_argument("--gpus", type=int, default=1)
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--kv-gib", type=int, default=4)
@@ -292,17 +397,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="attention_config.sparse_mla_force_mqa on every side: short prefills through the "
                          "sparse kernels too (default: vLLM's shared dense prefill for them)")
     ap.add_argument("--only", default=None, metavar="REGEX",
-                    help="run only the engines whose name (tpN-model-dtype-side) matches")
+                    help="run only the engines whose name (tpN-model-dtype-side, "
+                         "tpN-model-dtype-fp8kv-side) matches (re.search)")
     ap.add_argument("--bounds", type=Path, default=HERE / "bounds.json")
     args = ap.parse_args(argv)
     if args.ours_env is None:
         args.ours_env = [f"{INDEXER_SWITCH}=triton"]
-    sys.path.insert(0, str(HERE))
-    jobs = build_jobs(args)
-    if args.only:
-        import re
+    return args
 
-        jobs = [j for j in jobs if re.search(args.only, j["name"])]
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    jobs = select_jobs(args)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.results.exists():
         shutil.rmtree(args.results)  # never compare against a previous call's engines

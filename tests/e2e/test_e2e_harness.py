@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import lzma
+import shlex
 import sys
 import tarfile
 import zipfile
@@ -210,3 +211,199 @@ def test_a_divergence_on_an_exact_tie_has_margin_zero_whatever_order_the_tie_cam
     g = compare.compare_pair(ref, oth)["greedy"]
     assert g["per_row"][0] == {"matched": 3, "ref_margin_at_least": 0.5} and g["divergence_below_top2"] == 1
 
+
+
+# --- fp8 KV cache engines (README "fp8 KV cache") ---------------------------------------------
+
+BASE_ARGS = ["--tp", "1", "--models", "deepseek-v32-tiny", "glm5-tiny", "--kv-dtypes", "auto", "fp8",
+             "--sides", "ref", "ref2", "ours"]
+FP8_ONLY = "(ref2?|fp8kv-ours)$"
+# the README's fp8 device command, verbatim
+DEVICE_CMD = ("bash tests/e2e/device-run.sh run --tp 1 --models deepseek-v32-tiny glm5-tiny --kv-dtypes auto fp8 "
+              "--sides ref ref2 ours --only '(ref2?|fp8kv-ours)$' --parallel 12 --engine-timeout 360")
+
+
+def test_default_jobs_keep_todays_names_and_fields():
+    jobs = run_e2e.build_jobs(run_e2e.parse_args(["--sides", "ref", "ref2", "ours"]))
+    assert [j["name"] for j in jobs] == [f"tp1-{m}-{d}-{s}" for m in ("deepseek-v32-tiny", "glm5-tiny")
+                                         for d, sides in (("bfloat16", ("ref", "ref2", "ours")),
+                                                          ("float16", ("ref", "ours"))) for s in sides]
+    assert {j["kv_cache_dtype"] for j in jobs} == {"auto"}
+    assert {(j["side"], j["backend"]) for j in jobs} == {("ref", "FLASH_ATTN_MLA_SPARSE"),
+                                                         ("ref2", "FLASHMLA_SPARSE"), ("ours", "TRITON_MLA_SPARSE")}
+    assert all("kv_cache_dtype" not in run_e2e.engine_kwargs(j) for j in jobs)  # LLM(...) as before
+
+
+def test_kv_dtypes_auto_fp8_give_exactly_these_engines():
+    jobs = run_e2e.build_jobs(run_e2e.parse_args(BASE_ARGS))
+    by = {j["name"]: j for j in jobs}
+    for m in ("deepseek-v32-tiny", "glm5-tiny"):
+        mine = {n for n in by if n.startswith(f"tp1-{m}-")}
+        assert mine == {f"tp1-{m}-bfloat16-{s}" for s in ("ref", "ref2", "ours")} | {
+            f"tp1-{m}-float16-{s}" for s in ("ref", "ours")} | {
+            f"tp1-{m}-bfloat16-fp8kv-ref", f"tp1-{m}-bfloat16-fp8kv-ours", f"tp1-{m}-float16-fp8kv-ours"}
+        ref8, ours8 = by[f"tp1-{m}-bfloat16-fp8kv-ref"], by[f"tp1-{m}-float16-fp8kv-ours"]
+        assert (ref8["kv_cache_dtype"], ref8["backend"], ref8["side"]) == ("fp8", None, "ref")  # vLLM's own pick
+        assert ref8["env"][run_e2e.INDEXER_SWITCH] == "deepgemm"
+        assert (ours8["kv_cache_dtype"], ours8["backend"], ours8["dtype"]) == ("fp8", "TRITON_MLA_SPARSE", "float16")
+        assert ours8["env"][run_e2e.INDEXER_SWITCH] == "triton"
+        kw = run_e2e.engine_kwargs(ref8)
+        assert kw["kv_cache_dtype"] == "fp8" and "attention_config" not in kw
+        assert "attention_backend" not in kw["speculative_config"]
+        kw = run_e2e.engine_kwargs(ours8)
+        assert kw["kv_cache_dtype"] == "fp8" and kw["attention_config"] == {"backend": "TRITON_MLA_SPARSE"}
+        assert kw["speculative_config"]["attention_backend"] == "TRITON_MLA_SPARSE"
+        assert by[f"tp1-{m}-bfloat16-ref"]["kv_cache_dtype"] == "auto"
+    # --ref-backend moves the kv-auto `ref` only
+    jobs = run_e2e.build_jobs(run_e2e.parse_args(BASE_ARGS + ["--ref-backend", "FLASHMLA_SPARSE"]))
+    assert {j["backend"] for j in jobs if j["side"] == "ref"} == {"FLASHMLA_SPARSE", None}
+
+
+def test_the_readme_fp8_device_command_selects_the_fp8_engines():
+    assert DEVICE_CMD in (HERE / "README.md").read_text()
+    argv = shlex.split(DEVICE_CMD)
+    assert argv[:3] == ["bash", "tests/e2e/device-run.sh", "run"]
+    args = run_e2e.parse_args(argv[3:] + ["--gpus", "2"])  # device-run.sh adds --out and --gpus
+    assert args.only == FP8_ONLY
+    jobs = run_e2e.select_jobs(args)
+    want = {f"tp1-{m}-{e}" for m in ("deepseek-v32-tiny", "glm5-tiny")
+            for e in ("bfloat16-ref", "bfloat16-ref2", "bfloat16-fp8kv-ref", "bfloat16-fp8kv-ours",
+                      "float16-ref", "float16-fp8kv-ours")}
+    assert sorted(j["name"] for j in jobs) == sorted(want)
+    assert len(jobs) <= args.parallel  # one wave
+
+
+KV_LOG = (
+    "INFO 11-30 05:54:54 [api_utils.py:273] non-default args: {'kv_cache_dtype': 'fp8'}\n"
+    "(EngineCore pid=5428) INFO 11-30 05:55:02 [mla_attention.py:440] Using fp8_ds_mla KV cache format for "
+    "FLASHMLA_SPARSE backend.\n"
+    "(EngineCore pid=5428) INFO 11-30 05:55:40 [kv_cache_utils.py:2177] GPU KV cache size: 227,520 tokens\n"
+    "(EngineCore pid=5428) INFO 11-30 05:55:40 [kv_cache_utils.py:2178] Maximum concurrency for 8,192 tokens "
+    "per request: 27.77x\n"
+    "(EngineCore pid=5428) Capturing CUDA graphs (decode, FULL):   0%|   | 0/10\rCapturing CUDA graphs: 100%|\n"
+)
+
+
+def test_the_kv_capacity_line_vllm_logs_is_parsed(tmp_path):
+    kv = run_e2e.parse_kv_capacity(KV_LOG)
+    assert kv["tokens"] == 227520 and kv["max_concurrency"] == pytest.approx(27.77)
+    assert kv["line"].endswith("GPU KV cache size: 227,520 tokens") and kv["line"].startswith("(EngineCore")
+    assert run_e2e.parse_kv_capacity("no such line\n") == {"tokens": None, "max_concurrency": None,
+                                                          "line": None, "concurrency_line": None}
+
+    class Cfg:  # what the record reads of llm.llm_engine.vllm_config
+        cache_config = type("CacheConfig", (), {"cache_dtype": "fp8"})()
+
+    (tmp_path / "engine.log").write_text(KV_LOG)
+    rec = run_e2e.kv_cache_record(Cfg(), tmp_path / "engine.log")
+    assert (rec["dtype_used"], rec["tokens"], rec["max_concurrency"]) == ("fp8", 227520, pytest.approx(27.77))
+    rec = run_e2e.kv_cache_record(object(), tmp_path / "missing.log")  # never raises
+    assert rec["dtype_used"] is None and rec["tokens"] is None and "error" in rec
+
+
+BACKEND = {"ref": "FLASH_ATTN_MLA_SPARSE", "ref2": "FLASHMLA_SPARSE", "ours": "TRITON_MLA_SPARSE"}
+
+
+def _engine(res: Path, job: dict, arrays: dict, *, backend=None, kv_used=None, tokens=None) -> None:
+    """meta.json + arrays.npz as engine_main writes them (probes included)."""
+    fp8 = job["kv_cache_dtype"] != "auto"
+    backend = backend or ("FLASHMLA_SPARSE" if fp8 and job["side"] == "ref" else BACKEND[job["side"]])
+    kv_used = kv_used or ("fp8" if fp8 else "auto")
+    layer_kv = "fp8_ds_mla" if fp8 and kv_used == "fp8" else kv_used
+    probe = {"attention_backends": [backend], "kv_cache_dtypes": [layer_kv],
+             "indexer_logits": ["triton" if job["side"] == "ours" else "deepgemm", "why"]}
+    tokens = tokens or (400000 if fp8 else 227520)
+    meta = {"ok": True, "model_probe": [probe], "drafter_probe": [probe],
+            "worker_cudagraphs": [{"cudagraph_mode": "CUDAGraphMode.FULL_AND_PIECEWISE"}],
+            "kv_cache": {"dtype_used": kv_used, "tokens": tokens, "max_concurrency": tokens / 8192,
+                         "line": f"GPU KV cache size: {tokens:,} tokens"}}
+    (res / job["name"]).mkdir(parents=True)
+    (res / job["name"] / "meta.json").write_text(json.dumps(meta))
+    np.savez_compressed(res / job["name"] / "arrays.npz", **arrays)
+
+
+def _shifted(a: dict, d: float, sparse_only: bool = False) -> dict:
+    """Every prompt logprob (or those of the sparse positions only) moved by d."""
+    out = {k: v.copy() for k, v in a.items()}
+    seen = np.concatenate([np.arange(1, n) for n in a["prompt_lens"]])
+    out["prompt_lp"] += np.where(seen > compare.INDEX_TOPK, d, 0.0 if sparse_only else d).astype(np.float32)
+    return out
+
+
+def _fp8_run(tmp_path, models=("glm5-tiny",), only=None, shifts=None, **engine_kw):
+    """A run of the fp8 device command's engines on synthetic arrays: `shifts` maps an engine
+    (name without tp1-model-) to its prompt-logprob shift against `ref` (others identical)."""
+    args = run_e2e.parse_args(["--tp", "1", "--models", *models, "--kv-dtypes", "auto", "fp8",
+                               "--sides", "ref", "ref2", "ours", "--only", only or FP8_ONLY])
+    jobs = run_e2e.select_jobs(args)
+    base = _arrays()
+    for job in jobs:
+        short = job["name"].split(f"{job['model']}-", 1)[1]
+        shift = (shifts or {}).get(short)
+        arrays = base if shift is None else _shifted(base, *shift)
+        _engine(tmp_path, job, arrays, **engine_kw.get(short, {}))
+    bounds = json.loads((HERE / "bounds.json").read_text())
+    return compare.compare_all(jobs, tmp_path, bounds), bounds
+
+
+def test_fp16_fp8_ours_is_bounded_by_upstreams_own_fp8_cost(tmp_path):
+    # upstream's fp8 cost: 0.2 nats at the sparse positions (its dense prefill reads fresh
+    # 16-bit K/V); ours (fp16, everything from the fp8 cache) 0.25 everywhere: within 1.5 x 0.2
+    s, bounds = _fp8_run(tmp_path, shifts={"bfloat16-fp8kv-ref": (0.2, True), "bfloat16-fp8kv-ours": (0.2, True),
+                                           "float16-fp8kv-ours": (0.25,)})
+    assert s["failures"] == [] and s["exit_code"] == 0
+    c = {x["name"]: x for x in s["comparisons"]}
+    ours = c["tp1-glm5-tiny-float16-fp8kv-ours"]
+    assert ours["ref"] == "tp1-glm5-tiny-float16-ref" and ours["broken"] == []
+    assert "upstream fp8 cost (tp1-glm5-tiny-bfloat16-fp8kv-ref vs tp1-glm5-tiny-bfloat16-ref" in ours["bounds_from"]
+    f = bounds["fp8_cost_factor"]
+    assert ours["bounds"]["tf_mean_abs"] == pytest.approx(f * 0.2, rel=1e-4)
+    assert ours["bounds"]["tf_p99_abs"] == pytest.approx(f * 0.2, rel=1e-4)
+    assert ours["bounds"]["decode_p99_abs"] == bounds["floor"]["bfloat16"]["decode_p99_abs"]  # floor: bf16
+    # the fp8 ref is reported against the 16-bit ref, not bounded; the bf16 fp8 ours against the fp8 ref
+    assert c["tp1-glm5-tiny-bfloat16-fp8kv-ref"]["ref"] == "tp1-glm5-tiny-bfloat16-ref"
+    assert "bounds" not in c["tp1-glm5-tiny-bfloat16-fp8kv-ref"]
+    b8 = c["tp1-glm5-tiny-bfloat16-fp8kv-ours"]
+    assert b8["ref"] == "tp1-glm5-tiny-bfloat16-fp8kv-ref"
+    assert b8["bounds_from"].startswith("same fp8 cache on both sides; 2.0 x ref2-vs-ref spread of tp1-glm5-tiny-bfloat16-ref2")
+    report = compare.write_report(s)
+    assert "| tp1-glm5-tiny-bfloat16-fp8kv-ref | fp8 | fp8 / fp8_ds_mla | 400,000 |" in report
+    assert "| 1.758 | tp1-glm5-tiny-bfloat16-ref |" in report  # no kv-auto bf16 ours ran: vs its ref
+
+
+def test_fp16_fp8_ours_beyond_the_fp8_cost_bound_fails(tmp_path):
+    s, _ = _fp8_run(tmp_path, shifts={"bfloat16-fp8kv-ref": (0.2, True), "bfloat16-fp8kv-ours": (0.2, True),
+                                      "float16-fp8kv-ours": (0.4,)})
+    assert s["failures"] == [] and s["exit_code"] == 1
+    ours = next(c for c in s["comparisons"] if c["name"] == "tp1-glm5-tiny-float16-fp8kv-ours")
+    assert any(b.startswith("tf_mean_abs 0.4") for b in ours["broken"])
+
+
+def test_without_an_fp8_ref_the_fp8_ours_fall_back_to_fixed_bounds(tmp_path):
+    s, bounds = _fp8_run(tmp_path, only="(6-ref2?|ours)$")  # every ours, no fp8 ref
+    assert s["exit_code"] == 0
+    c = {x["name"]: x for x in s["comparisons"]}
+    for name in ("tp1-glm5-tiny-bfloat16-fp8kv-ours", "tp1-glm5-tiny-float16-fp8kv-ours"):
+        assert c[name]["ref"] == name.replace("fp8kv-ours", "ref")
+        assert c[name]["bounds_from"] == "fixed bfloat16 (no fp8kv-ref calibration in this run)"
+        assert c[name]["bounds"] == bounds["fixed"]["bfloat16"]
+    # kv-auto ours keep today's bounds; capacity is compared with the same side's kv-auto engine
+    assert c["tp1-glm5-tiny-float16-ours"]["bounds_from"].startswith("1.0 x ref2-vs-ref spread")
+    assert s["engines"]["tp1-glm5-tiny-float16-fp8kv-ours"]["kv_capacity_vs"]["engine"] == "tp1-glm5-tiny-float16-ours"
+
+
+@pytest.mark.parametrize("engine,kw,msg", [
+    ("float16-fp8kv-ours", {"kv_used": "float16"}, "fp8 KV cache requested, used config float16, layers float16"),
+    ("bfloat16-fp8kv-ours", {"kv_used": "auto"}, "fp8 KV cache requested, used config auto"),
+    ("bfloat16-fp8kv-ref", {"backend": "FLASH_ATTN_MLA_SPARSE"}, "expected ['FLASHMLA_SPARSE'] for the fp8 cache"),
+])
+def test_an_fp8_engine_on_a_16_bit_cache_or_the_wrong_reference_fails(tmp_path, engine, kw, msg):
+    s, _ = _fp8_run(tmp_path, **{engine: kw})
+    assert s["exit_code"] == 3
+    assert [f for f in s["failures"] if msg in f and f.startswith(f"tp1-glm5-tiny-{engine}:")]
+    assert len(s["failures"]) == 1
+
+
+def test_fp8_ds_mla_and_fp8_are_both_accepted_as_the_fp8_cache(tmp_path):
+    s, _ = _fp8_run(tmp_path, **{"float16-fp8kv-ours": {"kv_used": "fp8_ds_mla"}})
+    assert s["failures"] == [] and s["exit_code"] == 0
