@@ -21,11 +21,17 @@ fp8 KV cache engines (names tpN-model-dtype-fp8kv-side, README "fp8 KV cache"):
 - fp8 `ours` with an fp8 `ref` of the same dtype (bf16): compared with it (same
   quantised cache, two kernels), bounded like the 16-bit `ours` (factor x the
   ref2-vs-ref spread of the model);
-- fp8 `ours` without one (fp16: upstream has no fp16 + fp8 sparse backend on sm90):
-  compared with the kv-auto `ref` (16-bit cache), so the difference holds the fp8
-  quantisation; bounded by fp8_cost_factor x upstream's own fp8 cost (the bf16 fp8
-  `ref` vs the bf16 kv-auto `ref` of the model), never below the bf16 floors;
-- fp8 `ref` vs kv-auto `ref`: reported, not bounded (the calibration above).
+- bf16 all-MQA fp8 `ours` (tpN-model-bfloat16-fp8kv-mqa-ours) with the all-MQA fp8
+  `ref` (fp8kv-mqa-ref): the same rule (same cache, same prefill path, two kernels);
+- fp8 `ours` without a same-cache `ref` (fp16: upstream has no fp16 + fp8 sparse backend
+  on sm90): compared with the kv-auto `ref` (16-bit cache), so the difference holds the fp8
+  quantisation; bounded by fp8_cost_factor x upstream's own fp8 cost, never below the bf16
+  floors. The cost is read from the bf16 engine that quantises the same positions as our
+  fp16 side (every prefill from the fp8 cache): fp8kv-mqa-ref vs the bf16 kv-auto `ref`,
+  all positions; without it in the run, fp8kv-ref vs that `ref` at the sparse positions
+  only (the previous rule; its dense positions partly read fresh 16-bit K/V); without
+  either, the fixed bf16 bounds;
+- fp8 `ref` / `mqa-ref` vs kv-auto `ref`: reported, not bounded (the calibrations above).
 """
 from __future__ import annotations
 
@@ -39,9 +45,11 @@ INDEX_TOPK = 2048
 SIXTEEN_BIT_OR_AUTO = {"auto", "bfloat16", "float16", "half", "bf16", "fp16", "float", "float32"}
 
 
-def engine_name(tp: int, model: str, dtype: str, side: str, kv: str = "auto") -> str:
-    """tpN-model-dtype-side for the model-dtype KV cache; tpN-model-dtype-fp8kv-side for fp8."""
-    return f"tp{tp}-{model}-{dtype}-{side}" if kv == "auto" else f"tp{tp}-{model}-{dtype}-{kv}kv-{side}"
+def engine_name(tp: int, model: str, dtype: str, side: str, kv: str = "auto", mqa: bool = False) -> str:
+    """tpN-model-dtype-side for the model-dtype KV cache; tpN-model-dtype-fp8kv-side for fp8;
+    tpN-model-dtype-fp8kv-mqa-side for the all-MQA variant (sparse_mla_force_mqa on that engine)."""
+    return (f"tp{tp}-{model}-{dtype}-" + ("" if kv == "auto" else f"{kv}kv-") + ("mqa-" if mqa else "")
+            + side)
 
 
 def _load(res: Path, name: str):
@@ -151,17 +159,25 @@ FP8_COST_STATS = dict(
 
 def bounds_fp8_cost(calib: dict | None, cfg: dict) -> tuple[dict, str]:
     """Bounds of an fp8-cache `ours` compared with a 16-bit-cache `ref`: fp8_cost_factor x
-    upstream's own fp8 cost (its fp8 `ref` vs its kv-auto `ref`, bf16, same model;
-    teacher-forced statistics of the sparse positions, FP8_COST_STATS), never below the
-    bf16 floors (the quantisation noise is the same for both model dtypes); the fixed bf16
-    bounds when no fp8 `ref` ran."""
+    upstream's own fp8 cost (a bf16 fp8 `ref` vs the bf16 kv-auto `ref`, same model), never
+    below the bf16 floors (the quantisation noise is the same for both model dtypes); the
+    fixed bf16 bounds when no fp8 `ref` ran.
+
+    An all-MQA calibration (calib["force_mqa"]: the fp8kv-mqa-ref, or any fp8 `ref` under
+    --force-mqa) quantises every position, as our fp16 side does: every statistic as it is
+    (STATS, all positions). Otherwise (fp8kv-ref, vLLM's dense MHA prefill for short batches)
+    the teacher-forced statistics of the sparse positions (FP8_COST_STATS)."""
     if calib is None:
-        return dict(cfg["fixed"]["bfloat16"]), "fixed bfloat16 (no fp8kv-ref calibration in this run)"
+        return (dict(cfg["fixed"]["bfloat16"]),
+                "fixed bfloat16 (no fp8kv-mqa-ref or fp8kv-ref calibration in this run)")
     f = cfg["fp8_cost_factor"]
     floor = cfg["floor"]["bfloat16"]
-    return ({k: max(f * FP8_COST_STATS[k](calib), floor[k]) for k in STATS},
-            f"{f} x upstream fp8 cost ({calib['name']} vs {calib['ref']}; teacher-forced: sparse positions), "
-            f"bfloat16 floors {floor}")
+    if calib.get("force_mqa"):
+        stats, how = STATS, "all-MQA prefill; teacher-forced: all positions"
+    else:
+        stats, how = FP8_COST_STATS, "teacher-forced: sparse positions; no all-MQA fp8kv-mqa-ref in this run"
+    return ({k: max(f * stats[k](calib), floor[k]) for k in STATS},
+            f"{f} x upstream fp8 cost ({calib['name']} vs {calib['ref']}; {how}), bfloat16 floors {floor}")
 
 
 def _kv_failures(name: str, meta: dict) -> list[str]:
@@ -212,7 +228,8 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
                                       "model_probe", "drafter_probe", "worker_cudagraphs", "versions", "metrics", "prompt_tokens",
                                       "generated_tokens")}
         e.update(side=job["side"], backend_forced=job["backend"], env=job["env"],
-                 kv_cache_dtype=job.get("kv_cache_dtype", "auto"), kv_cache=meta.get("kv_cache"))
+                 kv_cache_dtype=job.get("kv_cache_dtype", "auto"), kv_cache=meta.get("kv_cache"),
+                 force_mqa=bool(job.get("force_mqa")), sparse_mla_force_mqa=meta.get("sparse_mla_force_mqa"))
         engines[job["name"]] = e
         if not meta.get("ok"):
             failures.append(f"{job['name']}: engine failed: {meta.get('error')}")
@@ -232,6 +249,9 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
                             + (", expected ['FLASHMLA_SPARSE'] for the fp8 cache" if fp8 else ""))
         if fp8:
             failures += _kv_failures(job["name"], meta)
+        if job.get("force_mqa") and meta.get("sparse_mla_force_mqa") is False:  # None: not recorded
+            failures.append(f"{job['name']}: attention_config.sparse_mla_force_mqa requested, "
+                            "the engine's config says False")
         modes = {w.get("cudagraph_mode", "?").split(".")[-1] for w in meta.get("worker_cudagraphs") or []}
         if not modes or "NONE" in modes:
             failures.append(f"{job['name']}: CUDA graphs not in use (worker mode {sorted(modes)})")
@@ -244,16 +264,17 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
     names = {j["name"] for j in jobs}
     by_name = {}
 
-    def calib_of(job: dict, side: str, kv: str = "auto") -> dict | None:
-        """The bf16 comparison of `side` (kv) of the model: same TP, else TP=1."""
+    def calib_of(job: dict, side: str, kv: str = "auto", mqa: bool = False) -> dict | None:
+        """The bf16 comparison of `side` (kv, all-MQA variant or not) of the model: same TP, else TP=1."""
         for tp in (job["tp"], 1):
-            c = by_name.get(engine_name(tp, job["model"], "bfloat16", side, kv))
+            c = by_name.get(engine_name(tp, job["model"], "bfloat16", side, kv, mqa))
             if c is not None:
                 return c
         return None
 
-    # ref2 first: its spread calibrates the bounds of `ours`; then the fp8 `ref`: its
-    # distance to the kv-auto `ref` calibrates the fp8 `ours` compared with a 16-bit `ref`
+    # ref2 first: its spread calibrates the bounds of `ours`; then the fp8 `ref`s (plain and
+    # all-MQA): their distance to the kv-auto `ref` calibrates the fp8 `ours` compared with a
+    # 16-bit `ref`
     def order(j: dict) -> tuple[bool, bool]:
         return j["side"] != "ref2", not (j["side"] == "ref" and j.get("kv_cache_dtype", "auto") != "auto")
 
@@ -262,23 +283,28 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
         if job["side"] == "ref" and kv == "auto":
             continue
         ref_name = engine_name(job["tp"], job["model"], job["dtype"], "ref")
-        same_cache_ref = engine_name(job["tp"], job["model"], job["dtype"], "ref", kv)
+        # an upstream kernel reading the same fp8 cache on the same prefill path (all-MQA or not)
+        same_cache_ref = engine_name(job["tp"], job["model"], job["dtype"], "ref", kv, bool(job.get("mqa")))
         if kv != "auto" and job["side"] == "ours" and same_cache_ref in names:
-            ref_name = same_cache_ref  # an upstream kernel reading the same fp8 cache
+            ref_name = same_cache_ref
         if ref_name not in loaded or not loaded[ref_name][0].get("ok") or not loaded[job["name"]][0].get("ok"):
             continue
         cmp = compare_pair(loaded[ref_name][1], loaded[job["name"]][1])
         cmp.update(name=job["name"], ref=ref_name, side=job["side"], dtype=job["dtype"], model=job["model"],
-                   tp=job["tp"], kv_cache_dtype=kv)
+                   tp=job["tp"], kv_cache_dtype=kv, force_mqa=bool(job.get("force_mqa")))
         by_name[job["name"]] = cmp
         comparisons.append(cmp)
         if job["side"] == "ours":
             if kv == "auto" or ref_name == same_cache_ref:
                 cmp["bounds"], cmp["bounds_from"] = bounds_for(job["dtype"], calib_of(job, "ref2"), bounds)
                 if kv != "auto":
-                    cmp["bounds_from"] = f"same {kv} cache on both sides; " + cmp["bounds_from"]
+                    path = ", all-MQA prefill" if job.get("mqa") else ""
+                    cmp["bounds_from"] = f"same {kv} cache{path} on both sides; " + cmp["bounds_from"]
             else:
-                cmp["bounds"], cmp["bounds_from"] = bounds_fp8_cost(calib_of(job, "ref", kv), bounds)
+                # upstream's fp8 cost where it quantises the positions our side quantises: the
+                # all-MQA fp8 ref, else (previous rule) the fp8 ref at its sparse positions
+                calib = calib_of(job, "ref", kv, mqa=True) or calib_of(job, "ref", kv)
+                cmp["bounds"], cmp["bounds_from"] = bounds_fp8_cost(calib, bounds)
             cmp["broken"] = check_bounds(cmp, cmp["bounds"])
             if cmp["broken"] and exit_code == 0:
                 exit_code = 1
@@ -297,6 +323,7 @@ def write_report(s: dict) -> str:
         probe = e.get("model_probe") or [{}]
         be = ",".join(sorted({b for p in probe for b in p.get("attention_backends", [])}))
         be += " / " + ",".join(sorted({p.get("indexer_logits", ["?"])[0] for p in probe}))
+        be += " (force MQA)" if e.get("force_mqa") else ""
         met = e.get("metrics") or {}
         short = ", ".join(f"{k.split(':')[-1]}={v:g}" for k, v in sorted(met.items()) if isinstance(v, (int, float)))
         wcg = e.get("worker_cudagraphs") or [{}]

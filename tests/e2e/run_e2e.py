@@ -23,8 +23,12 @@ KV cache (--kv-dtypes): `auto` = the model dtype (the engines above, names
 tpN-model-dtype-side); `fp8` = kv_cache_dtype="fp8" (vLLM makes it fp8_ds_mla for
 sparse MLA), names tpN-model-dtype-fp8kv-side, sides: `ours` (bf16, fp16) and `ref`
 (bf16 only, vLLM's own selection: FLASHMLA_SPARSE on sm90; FLASH_ATTN_MLA_SPARSE has
-no fp8 and upstream has no fp16 + fp8 sparse backend on sm90); no `ref2`. Every
-engine records the KV cache dtype it used and the capacity vLLM logged.
+no fp8 and upstream has no fp16 + fp8 sparse backend on sm90); no `ref2`. For bf16 each
+fp8 `ref` / `ours` also runs as an all-MQA variant, tpN-model-bfloat16-fp8kv-mqa-side
+(attention_config.sparse_mla_force_mqa on that engine: every prefill through the sparse
+kernel, reading every key from the fp8 cache, as our backend does for fp16 + fp8; the
+calibration of the fp16 fp8 `ours`, README "fp8 KV cache"). Every engine records the KV
+cache dtype it used and the capacity vLLM logged.
 
 Runs on the GPU machine (tests/e2e/device-run.sh); needs no network.
 """
@@ -213,6 +217,9 @@ def engine_main(spec: dict, result_dir: str) -> None:
         meta["kv_cache"] = kv_cache_record(cfg, rdir / "engine.log")
         meta["cudagraph_mode"] = str(cfg.compilation_config.cudagraph_mode)
         meta["compilation_mode"] = str(cfg.compilation_config.mode)
+        # the front end's value (our backend may still turn it on in the workers, fp16 + fp8)
+        meta["sparse_mla_force_mqa"] = getattr(getattr(cfg, "attention_config", None),
+                                               "sparse_mla_force_mqa", None)
         meta["model_probe"] = llm.apply_model(describe_model)
         meta["worker_cudagraphs"] = llm.collective_rpc(worker_cudagraphs)
         meta["drafter_probe"] = llm.collective_rpc(worker_drafter)
@@ -296,6 +303,16 @@ def sides_for(dtype: str, kv: str, sides: list[str]) -> list[str]:
     return [s for s in sides if s in exists]
 
 
+def mqa_variants(dtype: str, kv: str, side: str) -> tuple[bool, ...]:
+    """(False,) plus True for the all-MQA variant (tpN-model-bfloat16-fp8kv-mqa-side) of a bf16
+    fp8 `ref` / `ours`: attention_config.sparse_mla_force_mqa on that engine, so that every
+    prefill runs the sparse kernel from the fp8 cache (no shared dense MHA prefill on 16-bit
+    K/V). The `mqa-ref` is the fp8-cost calibration of the fp16 fp8 `ours` (which our backend
+    puts on that path by itself); the `mqa-ours` is compared with it. No fp16 variant: the
+    fp16 fp8 `ours` is all-MQA already."""
+    return (False, True) if kv == "fp8" and dtype == "bfloat16" and side in ("ref", "ours") else (False,)
+
+
 def side_backend(side: str, kv: str, ref_backend: str) -> str | None:
     """The attention backend forced on a side (None: vLLM's own selection)."""
     if side == "ours":
@@ -319,12 +336,14 @@ def build_jobs(args) -> list[dict]:
                 for dtype in args.dtypes:
                     for side in sides_for(dtype, kv, args.sides):
                         side_env = ours_env if side == "ours" else {INDEXER_SWITCH: "deepgemm"}
-                        jobs.append({"name": engine_name(tp, model, dtype, side, kv), "model": model,
-                                     "model_dir": str(MODELS[model]), "dtype": dtype, "side": side,
-                                     "tp": tp, "kv_cache_dtype": kv,
-                                     "backend": side_backend(side, kv, args.ref_backend),
-                                     "env": dict(base_env, **side_env), "force_mqa": args.force_mqa,
-                                     "kv_bytes": args.kv_gib << 30})
+                        for mqa in mqa_variants(dtype, kv, side):
+                            jobs.append({"name": engine_name(tp, model, dtype, side, kv, mqa), "model": model,
+                                         "model_dir": str(MODELS[model]), "dtype": dtype, "side": side,
+                                         "tp": tp, "kv_cache_dtype": kv, "mqa": mqa,
+                                         "backend": side_backend(side, kv, args.ref_backend),
+                                         "env": dict(base_env, **side_env),
+                                         "force_mqa": bool(args.force_mqa or mqa),
+                                         "kv_bytes": args.kv_gib << 30})
     return jobs
 
 
@@ -395,10 +414,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--engine-timeout", type=float, default=420.0)
     ap.add_argument("--force-mqa", action="store_true",
                     help="attention_config.sparse_mla_force_mqa on every side: short prefills through the "
-                         "sparse kernels too (default: vLLM's shared dense prefill for them)")
+                         "sparse kernels too (default: vLLM's shared dense prefill for them; the "
+                         "fp8kv-mqa-* engines set it on their own whatever this says)")
     ap.add_argument("--only", default=None, metavar="REGEX",
                     help="run only the engines whose name (tpN-model-dtype-side, "
-                         "tpN-model-dtype-fp8kv-side) matches (re.search)")
+                         "tpN-model-dtype-fp8kv-side, tpN-model-bfloat16-fp8kv-mqa-side) matches (re.search)")
     ap.add_argument("--bounds", type=Path, default=HERE / "bounds.json")
     args = ap.parse_args(argv)
     if args.ours_env is None:

@@ -217,10 +217,12 @@ def test_a_divergence_on_an_exact_tie_has_margin_zero_whatever_order_the_tie_cam
 
 BASE_ARGS = ["--tp", "1", "--models", "deepseek-v32-tiny", "glm5-tiny", "--kv-dtypes", "auto", "fp8",
              "--sides", "ref", "ref2", "ours"]
-FP8_ONLY = "(ref2?|fp8kv-ours)$"
+FP8_ONLY = "(ref2?|fp8kv-(mqa-)?ours)$"
 # the README's fp8 device command, verbatim
 DEVICE_CMD = ("bash tests/e2e/device-run.sh run --tp 1 --models deepseek-v32-tiny glm5-tiny --kv-dtypes auto fp8 "
-              "--sides ref ref2 ours --only '(ref2?|fp8kv-ours)$' --parallel 12 --engine-timeout 360")
+              "--sides ref ref2 ours --only '(ref2?|fp8kv-(mqa-)?ours)$' --parallel 16 --engine-timeout 360")
+# the previous fp8 command's engines, without the all-MQA ones (fallback of the fp16 fp8 calibration)
+FP8_ONLY_NO_MQA = "^(?!.*-mqa-).*(ref2?|fp8kv-ours)$"
 
 
 def test_default_jobs_keep_todays_names_and_fields():
@@ -229,6 +231,7 @@ def test_default_jobs_keep_todays_names_and_fields():
                                          for d, sides in (("bfloat16", ("ref", "ref2", "ours")),
                                                           ("float16", ("ref", "ours"))) for s in sides]
     assert {j["kv_cache_dtype"] for j in jobs} == {"auto"}
+    assert not any(j["mqa"] or j["force_mqa"] for j in jobs)
     assert {(j["side"], j["backend"]) for j in jobs} == {("ref", "FLASH_ATTN_MLA_SPARSE"),
                                                          ("ref2", "FLASHMLA_SPARSE"), ("ours", "TRITON_MLA_SPARSE")}
     assert all("kv_cache_dtype" not in run_e2e.engine_kwargs(j) for j in jobs)  # LLM(...) as before
@@ -241,7 +244,10 @@ def test_kv_dtypes_auto_fp8_give_exactly_these_engines():
         mine = {n for n in by if n.startswith(f"tp1-{m}-")}
         assert mine == {f"tp1-{m}-bfloat16-{s}" for s in ("ref", "ref2", "ours")} | {
             f"tp1-{m}-float16-{s}" for s in ("ref", "ours")} | {
-            f"tp1-{m}-bfloat16-fp8kv-ref", f"tp1-{m}-bfloat16-fp8kv-ours", f"tp1-{m}-float16-fp8kv-ours"}
+            f"tp1-{m}-bfloat16-fp8kv-ref", f"tp1-{m}-bfloat16-fp8kv-ours", f"tp1-{m}-float16-fp8kv-ours",
+            f"tp1-{m}-bfloat16-fp8kv-mqa-ref", f"tp1-{m}-bfloat16-fp8kv-mqa-ours"}
+        assert sorted(n for n in mine if by[n]["force_mqa"]) == [f"tp1-{m}-bfloat16-fp8kv-mqa-ours",
+                                                                f"tp1-{m}-bfloat16-fp8kv-mqa-ref"]
         ref8, ours8 = by[f"tp1-{m}-bfloat16-fp8kv-ref"], by[f"tp1-{m}-float16-fp8kv-ours"]
         assert (ref8["kv_cache_dtype"], ref8["backend"], ref8["side"]) == ("fp8", None, "ref")  # vLLM's own pick
         assert ref8["env"][run_e2e.INDEXER_SWITCH] == "deepgemm"
@@ -254,9 +260,24 @@ def test_kv_dtypes_auto_fp8_give_exactly_these_engines():
         assert kw["kv_cache_dtype"] == "fp8" and kw["attention_config"] == {"backend": "TRITON_MLA_SPARSE"}
         assert kw["speculative_config"]["attention_backend"] == "TRITON_MLA_SPARSE"
         assert by[f"tp1-{m}-bfloat16-ref"]["kv_cache_dtype"] == "auto"
+        # the all-MQA variants: the same engines plus sparse_mla_force_mqa on that engine only
+        mref, mours = by[f"tp1-{m}-bfloat16-fp8kv-mqa-ref"], by[f"tp1-{m}-bfloat16-fp8kv-mqa-ours"]
+        assert (mref["side"], mref["backend"], mref["kv_cache_dtype"], mref["mqa"]) == ("ref", None, "fp8", True)
+        assert mref["env"][run_e2e.INDEXER_SWITCH] == "deepgemm"
+        kw = run_e2e.engine_kwargs(mref)
+        assert kw["kv_cache_dtype"] == "fp8" and kw["attention_config"] == {"sparse_mla_force_mqa": True}
+        assert "attention_backend" not in kw["speculative_config"]  # vLLM's own pick, as the fp8 ref
+        assert (mours["side"], mours["backend"], mours["dtype"]) == ("ours", "TRITON_MLA_SPARSE", "bfloat16")
+        assert mours["env"][run_e2e.INDEXER_SWITCH] == "triton"
+        assert run_e2e.engine_kwargs(mours)["attention_config"] == {"backend": "TRITON_MLA_SPARSE",
+                                                                   "sparse_mla_force_mqa": True}
     # --ref-backend moves the kv-auto `ref` only
     jobs = run_e2e.build_jobs(run_e2e.parse_args(BASE_ARGS + ["--ref-backend", "FLASHMLA_SPARSE"]))
     assert {j["backend"] for j in jobs if j["side"] == "ref"} == {"FLASHMLA_SPARSE", None}
+    # the global --force-mqa stays as it was: every engine; the names do not change
+    jobs = run_e2e.build_jobs(run_e2e.parse_args(BASE_ARGS + ["--force-mqa"]))
+    assert all(j["force_mqa"] for j in jobs) and sum(j["mqa"] for j in jobs) == 4 and len(jobs) == 20
+    assert run_e2e.engine_kwargs(jobs[0])["attention_config"]["sparse_mla_force_mqa"] is True
 
 
 def test_the_readme_fp8_device_command_selects_the_fp8_engines():
@@ -268,9 +289,10 @@ def test_the_readme_fp8_device_command_selects_the_fp8_engines():
     jobs = run_e2e.select_jobs(args)
     want = {f"tp1-{m}-{e}" for m in ("deepseek-v32-tiny", "glm5-tiny")
             for e in ("bfloat16-ref", "bfloat16-ref2", "bfloat16-fp8kv-ref", "bfloat16-fp8kv-ours",
-                      "float16-ref", "float16-fp8kv-ours")}
-    assert sorted(j["name"] for j in jobs) == sorted(want)
+                      "bfloat16-fp8kv-mqa-ref", "bfloat16-fp8kv-mqa-ours", "float16-ref", "float16-fp8kv-ours")}
+    assert sorted(j["name"] for j in jobs) == sorted(want) and len(jobs) == 16
     assert len(jobs) <= args.parallel  # one wave
+    assert len(run_e2e.build_jobs(args)) == 20  # without --only: the 16-bit ours too
 
 
 KV_LOG = (
@@ -304,7 +326,8 @@ def test_the_kv_capacity_line_vllm_logs_is_parsed(tmp_path):
 BACKEND = {"ref": "FLASH_ATTN_MLA_SPARSE", "ref2": "FLASHMLA_SPARSE", "ours": "TRITON_MLA_SPARSE"}
 
 
-def _engine(res: Path, job: dict, arrays: dict, *, backend=None, kv_used=None, tokens=None) -> None:
+def _engine(res: Path, job: dict, arrays: dict, *, backend=None, kv_used=None, tokens=None,
+            force_mqa_seen=None) -> None:
     """meta.json + arrays.npz as engine_main writes them (probes included)."""
     fp8 = job["kv_cache_dtype"] != "auto"
     backend = backend or ("FLASHMLA_SPARSE" if fp8 and job["side"] == "ref" else BACKEND[job["side"]])
@@ -315,6 +338,7 @@ def _engine(res: Path, job: dict, arrays: dict, *, backend=None, kv_used=None, t
     tokens = tokens or (400000 if fp8 else 227520)
     meta = {"ok": True, "model_probe": [probe], "drafter_probe": [probe],
             "worker_cudagraphs": [{"cudagraph_mode": "CUDAGraphMode.FULL_AND_PIECEWISE"}],
+            "sparse_mla_force_mqa": job["force_mqa"] if force_mqa_seen is None else force_mqa_seen,
             "kv_cache": {"dtype_used": kv_used, "tokens": tokens, "max_concurrency": tokens / 8192,
                          "line": f"GPU KV cache size: {tokens:,} tokens"}}
     (res / job["name"]).mkdir(parents=True)
@@ -330,11 +354,11 @@ def _shifted(a: dict, d: float, sparse_only: bool = False) -> dict:
     return out
 
 
-def _fp8_run(tmp_path, models=("glm5-tiny",), only=None, shifts=None, **engine_kw):
+def _fp8_run(tmp_path, models=("glm5-tiny",), only=None, shifts=None, extra=(), **engine_kw):
     """A run of the fp8 device command's engines on synthetic arrays: `shifts` maps an engine
     (name without tp1-model-) to its prompt-logprob shift against `ref` (others identical)."""
     args = run_e2e.parse_args(["--tp", "1", "--models", *models, "--kv-dtypes", "auto", "fp8",
-                               "--sides", "ref", "ref2", "ours", "--only", only or FP8_ONLY])
+                               "--sides", "ref", "ref2", "ours", "--only", only or FP8_ONLY, *extra])
     jobs = run_e2e.select_jobs(args)
     base = _arrays()
     for job in jobs:
@@ -346,56 +370,136 @@ def _fp8_run(tmp_path, models=("glm5-tiny",), only=None, shifts=None, **engine_k
     return compare.compare_all(jobs, tmp_path, bounds), bounds
 
 
-def test_fp16_fp8_ours_is_bounded_by_upstreams_own_fp8_cost(tmp_path):
-    # upstream's fp8 cost: 0.2 nats at the sparse positions (its dense prefill reads fresh
-    # 16-bit K/V); ours (fp16, everything from the fp8 cache) 0.25 everywhere: within 1.5 x 0.2
-    s, bounds = _fp8_run(tmp_path, shifts={"bfloat16-fp8kv-ref": (0.2, True), "bfloat16-fp8kv-ours": (0.2, True),
+def test_fp16_fp8_ours_is_bounded_by_upstreams_all_mqa_fp8_cost_at_all_positions(tmp_path):
+    # upstream's fp8 cost where it quantises what our fp16 side quantises (every prefill from
+    # the fp8 cache): the all-MQA fp8 ref, 0.2 nats everywhere; the plain fp8 ref pays 0.1 at
+    # the sparse positions only (its dense prefill reads fresh 16-bit K/V). Ours (fp16) 0.25
+    # everywhere: within 1.5 x 0.2, though 2.5 x what the plain fp8 ref shows
+    s, bounds = _fp8_run(tmp_path, shifts={"bfloat16-fp8kv-ref": (0.1, True), "bfloat16-fp8kv-ours": (0.1, True),
+                                           "bfloat16-fp8kv-mqa-ref": (0.2,), "bfloat16-fp8kv-mqa-ours": (0.2,),
                                            "float16-fp8kv-ours": (0.25,)})
     assert s["failures"] == [] and s["exit_code"] == 0
     c = {x["name"]: x for x in s["comparisons"]}
     ours = c["tp1-glm5-tiny-float16-fp8kv-ours"]
     assert ours["ref"] == "tp1-glm5-tiny-float16-ref" and ours["broken"] == []
-    assert "upstream fp8 cost (tp1-glm5-tiny-bfloat16-fp8kv-ref vs tp1-glm5-tiny-bfloat16-ref" in ours["bounds_from"]
+    assert ours["bounds_from"].startswith(
+        "1.5 x upstream fp8 cost (tp1-glm5-tiny-bfloat16-fp8kv-mqa-ref vs tp1-glm5-tiny-bfloat16-ref; "
+        "all-MQA prefill; teacher-forced: all positions), bfloat16 floors")
     f = bounds["fp8_cost_factor"]
+    assert f == 1.5
     assert ours["bounds"]["tf_mean_abs"] == pytest.approx(f * 0.2, rel=1e-4)
     assert ours["bounds"]["tf_p99_abs"] == pytest.approx(f * 0.2, rel=1e-4)
     assert ours["bounds"]["decode_p99_abs"] == bounds["floor"]["bfloat16"]["decode_p99_abs"]  # floor: bf16
-    # the fp8 ref is reported against the 16-bit ref, not bounded; the bf16 fp8 ours against the fp8 ref
-    assert c["tp1-glm5-tiny-bfloat16-fp8kv-ref"]["ref"] == "tp1-glm5-tiny-bfloat16-ref"
-    assert "bounds" not in c["tp1-glm5-tiny-bfloat16-fp8kv-ref"]
+    # the fp8 refs are reported against the 16-bit ref, not bounded
+    for r in ("tp1-glm5-tiny-bfloat16-fp8kv-ref", "tp1-glm5-tiny-bfloat16-fp8kv-mqa-ref"):
+        assert c[r]["ref"] == "tp1-glm5-tiny-bfloat16-ref" and "bounds" not in c[r] and c[r]["broken"] == []
+    # each bf16 fp8 ours against the upstream engine on the same cache and the same prefill path
     b8 = c["tp1-glm5-tiny-bfloat16-fp8kv-ours"]
-    assert b8["ref"] == "tp1-glm5-tiny-bfloat16-fp8kv-ref"
+    assert b8["ref"] == "tp1-glm5-tiny-bfloat16-fp8kv-ref" and b8["broken"] == []
     assert b8["bounds_from"].startswith("same fp8 cache on both sides; 2.0 x ref2-vs-ref spread of tp1-glm5-tiny-bfloat16-ref2")
+    m8 = c["tp1-glm5-tiny-bfloat16-fp8kv-mqa-ours"]
+    assert m8["ref"] == "tp1-glm5-tiny-bfloat16-fp8kv-mqa-ref" and m8["broken"] == []
+    assert m8["bounds_from"].startswith("same fp8 cache, all-MQA prefill on both sides; 2.0 x ref2-vs-ref spread of "
+                                        "tp1-glm5-tiny-bfloat16-ref2")
+    assert m8["bounds"] == b8["bounds"]
     report = compare.write_report(s)
     assert "| tp1-glm5-tiny-bfloat16-fp8kv-ref | fp8 | fp8 / fp8_ds_mla | 400,000 |" in report
+    assert "| tp1-glm5-tiny-bfloat16-fp8kv-mqa-ref | fp8 | fp8 / fp8_ds_mla | 400,000 |" in report
     assert "| 1.758 | tp1-glm5-tiny-bfloat16-ref |" in report  # no kv-auto bf16 ours ran: vs its ref
+    assert "| tp1-glm5-tiny-bfloat16-fp8kv-mqa-ref | True | FLASHMLA_SPARSE / deepgemm (force MQA) |" in report
+    assert "| tp1-glm5-tiny-bfloat16-fp8kv-mqa-ours vs tp1-glm5-tiny-bfloat16-fp8kv-mqa-ref |" in report
 
 
-def test_fp16_fp8_ours_beyond_the_fp8_cost_bound_fails(tmp_path):
+def test_fp16_fp8_ours_beyond_the_all_mqa_fp8_cost_bound_fails(tmp_path):
     s, _ = _fp8_run(tmp_path, shifts={"bfloat16-fp8kv-ref": (0.2, True), "bfloat16-fp8kv-ours": (0.2, True),
+                                      "bfloat16-fp8kv-mqa-ref": (0.2,), "bfloat16-fp8kv-mqa-ours": (0.2,),
                                       "float16-fp8kv-ours": (0.4,)})
     assert s["failures"] == [] and s["exit_code"] == 1
-    ours = next(c for c in s["comparisons"] if c["name"] == "tp1-glm5-tiny-float16-fp8kv-ours")
+    c = {x["name"]: x for x in s["comparisons"]}
+    ours = c["tp1-glm5-tiny-float16-fp8kv-ours"]
     assert any(b.startswith("tf_mean_abs 0.4") for b in ours["broken"])
+    assert any(b.startswith("tf_p99_abs 0.4") for b in ours["broken"])
+    assert [n for n, x in c.items() if x["broken"]] == ["tp1-glm5-tiny-float16-fp8kv-ours"]
+
+
+def test_the_all_mqa_calibration_uses_every_position_not_the_sparse_ones(tmp_path):
+    # the all-MQA fp8 ref's cost sits at the sparse positions only (951 of 3008): averaged over
+    # all positions it is ~0.063, so ours at 0.25 everywhere breaks the mean (sparse-only would
+    # have read 0.2 and passed it); the p99 still sees 0.2
+    s, bounds = _fp8_run(tmp_path, shifts={"bfloat16-fp8kv-mqa-ref": (0.2, True), "bfloat16-fp8kv-mqa-ours": (0.2, True),
+                                           "float16-fp8kv-ours": (0.25,)})
+    ours = next(c for c in s["comparisons"] if c["name"] == "tp1-glm5-tiny-float16-fp8kv-ours")
+    calib = next(c for c in s["comparisons"] if c["name"] == "tp1-glm5-tiny-bfloat16-fp8kv-mqa-ref")
+    assert ours["bounds"]["tf_mean_abs"] == pytest.approx(1.5 * calib["teacher_forced"]["all"]["mean"])
+    assert ours["bounds"]["tf_mean_abs"] == pytest.approx(1.5 * 0.2 * 951 / 3008, rel=1e-4)
+    assert ours["bounds"]["tf_p99_abs"] == pytest.approx(1.5 * 0.2, rel=1e-4)
+    assert s["exit_code"] == 1 and [b.split()[0] for b in ours["broken"]] == ["tf_mean_abs"]
+
+
+def test_the_all_mqa_ours_beyond_the_same_cache_spread_fails(tmp_path):
+    # our kernel on the all-MQA path 0.2 away from upstream's on the same cache: broken;
+    # the mqa ref itself is not bounded, the fp16 ours (within 1.5 x 0.3) passes
+    s, _ = _fp8_run(tmp_path, shifts={"bfloat16-fp8kv-mqa-ref": (0.3,), "bfloat16-fp8kv-mqa-ours": (0.1,),
+                                      "float16-fp8kv-ours": (0.3,)})
+    assert s["failures"] == [] and s["exit_code"] == 1
+    c = {x["name"]: x for x in s["comparisons"]}
+    assert [n for n, x in c.items() if x["broken"]] == ["tp1-glm5-tiny-bfloat16-fp8kv-mqa-ours"]
+    assert any(b.startswith("tf_mean_abs 0.2") for b in c["tp1-glm5-tiny-bfloat16-fp8kv-mqa-ours"]["broken"])
+
+
+def test_without_the_all_mqa_ref_the_fp16_fp8_ours_falls_back_to_the_sparse_positions(tmp_path):
+    # the previous device command: no fp8kv-mqa-* engines; upstream's fp8 cost of the plain fp8
+    # ref at its sparse positions (0.2), ours 0.25 everywhere within 1.5 x 0.2, 0.4 beyond
+    for d, code in ((0.25, 0), (0.4, 1)):
+        res = tmp_path / str(d)
+        res.mkdir()
+        s, bounds = _fp8_run(res, only=FP8_ONLY_NO_MQA, shifts={
+            "bfloat16-fp8kv-ref": (0.2, True), "bfloat16-fp8kv-ours": (0.2, True), "float16-fp8kv-ours": (d,)})
+        assert s["failures"] == [] and s["exit_code"] == code
+        assert not any("mqa" in n for n in s["engines"])
+        ours = next(c for c in s["comparisons"] if c["name"] == "tp1-glm5-tiny-float16-fp8kv-ours")
+        assert ours["bounds_from"].startswith(
+            "1.5 x upstream fp8 cost (tp1-glm5-tiny-bfloat16-fp8kv-ref vs tp1-glm5-tiny-bfloat16-ref; "
+            "teacher-forced: sparse positions; no all-MQA fp8kv-mqa-ref in this run), bfloat16 floors")
+        assert ours["bounds"]["tf_mean_abs"] == pytest.approx(1.5 * 0.2, rel=1e-4)
+        assert ours["bounds"]["decode_p99_abs"] == bounds["floor"]["bfloat16"]["decode_p99_abs"]
+        assert bool(ours["broken"]) == bool(code)
+
+
+def test_under_the_global_force_mqa_the_plain_fp8_ref_counts_as_all_mqa(tmp_path):
+    s, _ = _fp8_run(tmp_path, only=FP8_ONLY_NO_MQA, extra=["--force-mqa"],
+                    shifts={"bfloat16-fp8kv-ref": (0.2,), "bfloat16-fp8kv-ours": (0.2,), "float16-fp8kv-ours": (0.25,)})
+    assert s["failures"] == [] and s["exit_code"] == 0
+    ours = next(c for c in s["comparisons"] if c["name"] == "tp1-glm5-tiny-float16-fp8kv-ours")
+    assert "(tp1-glm5-tiny-bfloat16-fp8kv-ref vs tp1-glm5-tiny-bfloat16-ref; all-MQA prefill; teacher-forced: " \
+           "all positions)" in ours["bounds_from"]
 
 
 def test_without_an_fp8_ref_the_fp8_ours_fall_back_to_fixed_bounds(tmp_path):
     s, bounds = _fp8_run(tmp_path, only="(6-ref2?|ours)$")  # every ours, no fp8 ref
     assert s["exit_code"] == 0
     c = {x["name"]: x for x in s["comparisons"]}
-    for name in ("tp1-glm5-tiny-bfloat16-fp8kv-ours", "tp1-glm5-tiny-float16-fp8kv-ours"):
-        assert c[name]["ref"] == name.replace("fp8kv-ours", "ref")
-        assert c[name]["bounds_from"] == "fixed bfloat16 (no fp8kv-ref calibration in this run)"
+    for name in ("tp1-glm5-tiny-bfloat16-fp8kv-ours", "tp1-glm5-tiny-bfloat16-fp8kv-mqa-ours",
+                 "tp1-glm5-tiny-float16-fp8kv-ours"):
+        assert c[name]["ref"] == name.replace("fp8kv-mqa-ours", "ref").replace("fp8kv-ours", "ref")
+        assert c[name]["bounds_from"] == "fixed bfloat16 (no fp8kv-mqa-ref or fp8kv-ref calibration in this run)"
         assert c[name]["bounds"] == bounds["fixed"]["bfloat16"]
     # kv-auto ours keep today's bounds; capacity is compared with the same side's kv-auto engine
     assert c["tp1-glm5-tiny-float16-ours"]["bounds_from"].startswith("1.0 x ref2-vs-ref spread")
     assert s["engines"]["tp1-glm5-tiny-float16-fp8kv-ours"]["kv_capacity_vs"]["engine"] == "tp1-glm5-tiny-float16-ours"
+    assert s["engines"]["tp1-glm5-tiny-bfloat16-fp8kv-mqa-ours"]["kv_capacity_vs"]["engine"] == \
+        "tp1-glm5-tiny-bfloat16-ours"
 
 
 @pytest.mark.parametrize("engine,kw,msg", [
     ("float16-fp8kv-ours", {"kv_used": "float16"}, "fp8 KV cache requested, used config float16, layers float16"),
     ("bfloat16-fp8kv-ours", {"kv_used": "auto"}, "fp8 KV cache requested, used config auto"),
     ("bfloat16-fp8kv-ref", {"backend": "FLASH_ATTN_MLA_SPARSE"}, "expected ['FLASHMLA_SPARSE'] for the fp8 cache"),
+    ("bfloat16-fp8kv-mqa-ref", {"backend": "FLASH_ATTN_MLA_SPARSE"},
+     "expected ['FLASHMLA_SPARSE'] for the fp8 cache"),
+    ("bfloat16-fp8kv-mqa-ref", {"kv_used": "bfloat16"}, "fp8 KV cache requested, used config bfloat16"),
+    ("bfloat16-fp8kv-mqa-ref", {"force_mqa_seen": False}, "sparse_mla_force_mqa requested, the engine's config says False"),
+    ("bfloat16-fp8kv-mqa-ours", {"backend": "FLASHMLA_SPARSE"}, "expected ['TRITON_MLA_SPARSE']"),
 ])
 def test_an_fp8_engine_on_a_16_bit_cache_or_the_wrong_reference_fails(tmp_path, engine, kw, msg):
     s, _ = _fp8_run(tmp_path, **{engine: kw})
