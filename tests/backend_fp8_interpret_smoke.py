@@ -100,10 +100,11 @@ b = T._batch(dtype, heads, dev, gen)
 builder = T.make_builder(m, heads, dtype, 32, dev)
 md = builder.build(0, T._common_metadata(b, dev))
 assert md.num_decode_tokens == b["T"] and md.num_prefills == 0, md
-# the same latent rows, stored as fp8_ds_mla
+# the same latent rows, stored as fp8_ds_mla the way the backend writes them
+# for a float16 model (do_kv_cache_update, patch 0013): as bfloat16 rows
 nb = b["kv_cache"].shape[0]
 cache = torch.zeros((nb, 64, 656), dtype=torch.uint8)
-rows = b["kv_cache"].reshape(-1, 576)
+rows = b["kv_cache"].reshape(-1, 576).to(torch.bfloat16)
 write_ds_mla(rows[:, :512].contiguous(), rows[:, 512:].contiguous(), cache,
              torch.arange(nb * 64))
 buf = torch.full((32, T.TOPK), -1, dtype=torch.int32)
@@ -115,6 +116,6 @@ ql_nope = q[..., :512].transpose(0, 1).contiguous().transpose(0, 1)
 out, lse = impl.forward_mqa((ql_nope, q[..., 512:]), cache, md, None)
 assert lse is None and out.dtype == dtype
 slots = T.reference_convert(b["req_id"], b["block_table"], b["topk"], 64)
-ref = T.reference_sparse_mla(q, dequant_ds_mla(cache.view(-1, 656), dtype), slots, 0.06)
+ref = T.reference_sparse_mla(q, dequant_ds_mla(cache.view(-1, 656), torch.bfloat16), slots, 0.06)
 print("ok forward")
 print("rel_err", T.rel_err(out, ref), tuple(out.shape))

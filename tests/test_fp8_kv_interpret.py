@@ -3,10 +3,12 @@
 is set here, before torch/triton are imported, and why GPU tests need their
 own process).
 
-- Dequantisation (the kernel's own `_ds_mla_dequant`, driven by a tiny test
-  kernel): every one of the 256 e4m3 codes against torch's float8_e4m3fn ->
-  float32 conversion, times the per-128-value float32 scale read from the
-  slot's bytes 512..527.  Exact equality (one float32 rounding on both sides).
+- Dequantisation (the kernel's own `_ds_mla_tile`, driven by a tiny test
+  kernel that multiplies its codes by its scale): every one of the 256 e4m3
+  codes against torch's float8_e4m3fn -> float32 conversion, times the
+  per-128-value float32 scale read from the slot's bytes 512..527.  Exact
+  equality (one float32 rounding on both sides); the codes come out of the
+  helper as exact 16-bit numbers.
   The software decode (sm80/86) is checked for all 256 codes, NaN codes
   included; the hardware-conversion variant (sm89+) for the 254 finite codes
   (the interpreter emulates fp8 without e4m3fn's NaN codes; NaN codes never
@@ -55,35 +57,36 @@ FP16_BOUND = 1e-3
 def smla(vllm_tree):
     mod = load_sparse_mla_module(vllm_tree, interpret=True)
     assert type(mod._sparse_mla_fwd_kernel).__name__ == "InterpretedFunction"
-    if not hasattr(mod, "_ds_mla_dequant"):
+    if not hasattr(mod, "_ds_mla_tile"):
         pytest.fail(f"{vllm_tree}: the kernel has no fp8_ds_mla read path")
     return mod
 
 
-_ds_mla_dequant = None  # the kernel module's helper, bound by the fixture below
+_ds_mla_tile = None  # the kernel module's helper, bound by the fixture below
 
 
 @triton.jit
 def _dequant_rows(kv_ptr, out_ptr, n_rows, stride_row, BLOCK_N: tl.constexpr,
                   D_NOPE: tl.constexpr, FP8_HW: tl.constexpr):
-    """Test driver: float32 [n_rows, D_NOPE] = the kernel's _ds_mla_dequant of
-    the fp8_ds_mla rows at kv_ptr (row stride in bytes)."""
+    """Test driver: float32 [n_rows, D_NOPE] = codes * scale of the kernel's
+    _ds_mla_tile for each 128-value tile of the fp8_ds_mla rows at kv_ptr
+    (row stride in bytes); the codes requested as float16, as the kernel
+    feeds them to its dots."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     valid = rows < n_rows
     row = kv_ptr + rows.to(tl.int64) * stride_row
-    # two halves, as the kernel's V tiles for BLOCK_DV = 256 (col0 = 0, 256)
-    offs = tl.arange(0, D_NOPE // 2)
-    for half in tl.static_range(2):
-        col0 = half * (D_NOPE // 2)
-        x = _ds_mla_dequant(row, col0, valid, D_NOPE // 2, D_NOPE, FP8_HW, tl.float32)
-        tl.store(out_ptr + rows[:, None] * D_NOPE + col0 + offs[None, :], x,
+    offs = tl.arange(0, 128)
+    for tile in tl.static_range(D_NOPE // 128):
+        codes, scale = _ds_mla_tile(row, tile * 128, valid, D_NOPE, FP8_HW, tl.float16)
+        x = codes.to(tl.float32) * scale[:, None]
+        tl.store(out_ptr + rows[:, None] * D_NOPE + tile * 128 + offs[None, :], x,
                  mask=valid[:, None])
 
 
 @pytest.fixture(scope="module")
 def dequant_kernel(smla):
-    global _ds_mla_dequant
-    _ds_mla_dequant = smla._ds_mla_dequant  # the interpreter resolves globals at run time
+    global _ds_mla_tile
+    _ds_mla_tile = smla._ds_mla_tile  # the interpreter resolves globals at run time
 
     def run(rows: torch.Tensor, hw: bool) -> torch.Tensor:
         out = torch.full((rows.shape[0], R), float("nan"))
@@ -216,17 +219,20 @@ def test_kernel_fp8_paged(smla, H, K, num_splits, hw):
 
 def test_kernel_fp8_flat_and_split_q(smla):
     """[num_slots, 656] cache, query given as (q_nope, q_pe) strided views,
-    BLOCK_DV = 256 (the V tile dequantised separately from the score tile)."""
+    split-K; a BLOCK_DV other than the whole latent width is refused (the fp8
+    kernel always covers the four 128-value tiles)."""
     cache, deq, filled = make_cache(1, 64, 40, seed=7)
     flat = cache.view(64, ROW)
     q, slots = make_query(2, 16, 32, filled, seed=8)
     T, H = 2, 16
     out = torch.empty((T, H, R), dtype=torch.float16)
     smla.sparse_mla_fwd(q[..., :R], flat, slots, SCALE, out=out, q_pe=q[..., R:],
-                        kv_cache_dtype="fp8_ds_mla", fp8_hw=False,
-                        config=dict(BLOCK_DV=256), num_splits=2)
+                        kv_cache_dtype="fp8_ds_mla", fp8_hw=False, num_splits=2)
     err = rel_err(out, reference_sparse_mla(q, deq, slots, SCALE))
     assert err < FP16_BOUND, err
+    with pytest.raises(AssertionError):
+        smla.sparse_mla_fwd(q, flat, slots, SCALE, kv_cache_dtype="fp8_ds_mla",
+                            config=dict(BLOCK_DV=256))
 
 
 def test_kernel_fp8_uses_scales_and_rope(smla):

@@ -94,20 +94,26 @@ def compile_matrix(arch: int) -> list[dict]:
                 ("bf16", "fp8_ds_mla", arch >= 89), ("fp16", "fp8_ds_mla", arch >= 89)]
     if arch >= 89:
         variants.append(("bf16", "fp8_ds_mla", False))
-    fwd = mod._sparse_mla_fwd_kernel
     out = []
     for dt, kv, hw in variants:
         fp8 = kv == "fp8_ds_mla"
+        fwd = mod._sparse_mla_fwd_fp8_kernel if fp8 else mod._sparse_mla_fwd_kernel
+        cnames = ({"D_NOPE", "D_PE", "BLOCK_H", "BLOCK_N", "SPLIT", "PDL", "FP8_HW"} if fp8 else
+                  {"D_NOPE", "D_PE", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "IEEE_DOT", "PDL"})
         sig = _signature(
             fwd, dt,
-            dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt", slots_ptr="i32",
-                 out_ptr="dt", part_out_ptr="fp32", part_lse_ptr="fp32"),
-            {"D_NOPE", "D_PE", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "IEEE_DOT", "PDL",
-             "KV_FP8", "FP8_HW"},
-            float_names=("qk_scale",))
+            # fp8: the rope is written as bf16 for either model dtype (the backend)
+            dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt", kv_rope_ptr="bf16",
+                 slots_ptr="i32", out_ptr="dt", part_out_ptr="fp32", part_lse_ptr="fp32"),
+            cnames, float_names=("qk_scale",))
         for bh, bn, bdv, warps, stages, split in fwd_cfgs:
-            cst = dict(D_NOPE=512, D_PE=64, BLOCK_H=bh, BLOCK_N=bn, BLOCK_DV=bdv, SPLIT=split,
-                       IEEE_DOT=False, PDL=split and pdl_arch, KV_FP8=fp8, FP8_HW=hw and fp8)
+            if fp8:  # the fp8 kernel always covers the 512 latent columns
+                assert bdv == 512, bdv
+                cst = dict(D_NOPE=512, D_PE=64, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split,
+                           PDL=split and pdl_arch, FP8_HW=hw)
+            else:
+                cst = dict(D_NOPE=512, D_PE=64, BLOCK_H=bh, BLOCK_N=bn, BLOCK_DV=bdv, SPLIT=split,
+                           IEEE_DOT=False, PDL=split and pdl_arch)
             k = triton.compile(ASTSource(fn=fwd, signature=sig, constexprs=cst), target=target,
                                options=dict(num_warps=warps, num_stages=stages))
             rec = dict(arch=arch, kernel="fwd", dtype=dt, kv=kv,
