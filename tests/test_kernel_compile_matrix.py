@@ -50,8 +50,22 @@ TOKENS = sorted({2 ** i for i in range(15)} | {3, 5, 24, 48, 96, 200, 3000})
 TOPK = (512, 1024, 2048)
 
 
-def plans(mod, arch: int):
-    """(attention configs, merge configs) the heuristic can launch on `arch`."""
+# What Triton's JIT specializes at run time for vLLM's shapes: 16-byte aligned
+# pointers and strides that are multiples of 16 (576 / 656-byte rows, 64-slot
+# blocks, 512-wide heads, top-k 2048).  Alignment decides whether the gathers
+# become pipelined async copies, and so the shared memory a config needs.
+ALIGNED = {"q_ptr", "q_pe_ptr", "kv_ptr", "kv_rope_ptr", "slots_ptr", "out_ptr", "part_out_ptr",
+           "part_lse_ptr", "stride_q_t", "stride_q_h", "stride_qpe_t", "stride_qpe_h",
+           "stride_kv_blk", "stride_kv_slot", "stride_s_t", "stride_o_t", "stride_o_h"}
+
+
+def _runtime_attrs(fn) -> dict:
+    return {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in ALIGNED}
+
+
+def plans(mod, arch: int, kv_cache_dtype: str = "auto"):
+    """(attention configs, merge configs) the heuristic can launch on `arch`
+    for a cache of this type (the fp8 kernel has its own tile rule)."""
     import torch
     import triton
 
@@ -66,7 +80,7 @@ def plans(mod, arch: int):
                     for T in TOKENS:
                         for K in TOPK:
                             cfg, splits, _ = mod._plan(dtype, torch.device("cpu"), T, H, K, 512,
-                                                       None, None)
+                                                       None, None, kv_cache_dtype)
                             split = splits > 1
                             fwd.add((cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["BLOCK_DV"],
                                      cfg["num_warps"], cfg["num_stages"], split))
@@ -90,6 +104,8 @@ def compile_matrix(arch: int) -> list[dict]:
     target = GPUTarget("cuda", arch, 32)
     pdl_arch = arch >= 90
     fwd_cfgs, merge_cfgs = plans(mod, arch)
+    fp8_cfgs, fp8_merge = plans(mod, arch, "fp8_ds_mla")
+    merge_cfgs = sorted(set(merge_cfgs) | set(fp8_merge))
     variants = [("bf16", "16bit", False), ("fp16", "16bit", False),
                 ("bf16", "fp8_ds_mla", arch >= 89), ("fp16", "fp8_ds_mla", arch >= 89)]
     if arch >= 89:
@@ -106,7 +122,7 @@ def compile_matrix(arch: int) -> list[dict]:
             dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt", kv_rope_ptr="bf16",
                  slots_ptr="i32", out_ptr="dt", part_out_ptr="fp32", part_lse_ptr="fp32"),
             cnames, float_names=("qk_scale",))
-        for bh, bn, bdv, warps, stages, split in fwd_cfgs:
+        for bh, bn, bdv, warps, stages, split in (fp8_cfgs if fp8 else fwd_cfgs):
             if fp8:  # the fp8 kernel always covers the 512 latent columns
                 assert bdv == 512, bdv
                 cst = dict(D_NOPE=512, D_PE=64, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split,
@@ -114,7 +130,8 @@ def compile_matrix(arch: int) -> list[dict]:
             else:
                 cst = dict(D_NOPE=512, D_PE=64, BLOCK_H=bh, BLOCK_N=bn, BLOCK_DV=bdv, SPLIT=split,
                            IEEE_DOT=False, PDL=split and pdl_arch)
-            k = triton.compile(ASTSource(fn=fwd, signature=sig, constexprs=cst), target=target,
+            k = triton.compile(ASTSource(fn=fwd, signature=sig, constexprs=cst,
+                                         attrs=_runtime_attrs(fwd)), target=target,
                                options=dict(num_warps=warps, num_stages=stages))
             rec = dict(arch=arch, kernel="fwd", dtype=dt, kv=kv,
                        decode=("hw" if hw else "sw") if fp8 else "-", BLOCK_H=bh, BLOCK_N=bn,
