@@ -14,6 +14,10 @@
 #            series' wheel (make build-wheel) is installed in /tmp/smla-e2e/site with vLLM's own
 #            compiled ops; kernel, fp8 KV and backend tests against that installed vllm, then the
 #            fp8 benchmark (bench/bench_fp8_kv.py --sweep)
+#   fp8      carry .fp8-payload (so/: as .gpu-port/so; tree/: vllm/__init__.py and the two
+#            kernel modules vllm/v1/attention/ops/triton_{sparse_mla,dsa_indexer}.py): kernel and
+#            fp8 KV tests and the fp8 benchmark on a kernel not yet built into a wheel
+# installed and fp8 pack their logs into $OUT/logs.tar.xz (a call returns at most 8 files).
 # usage (repo root): bash tests/gpu/device-run.sh all|kernels|backend|bench [pytest args]
 # Results under $OUT: gpu-env.txt, gpu-tests-<phase>.log, gpu-results.jsonl, bench/ (kernels).
 set -euo pipefail
@@ -28,6 +32,21 @@ unset TRITON_INTERPRET
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)'
 } | tee "$out/gpu-env-$phase.txt"
+# Kernel + fp8 KV tests (SMLA_TREE, SMLA_VLLM_C_SO set), then the fp8 benchmark; sets rc.
+fp8_suite() {
+  export SMLA_GPU_RESULTS=$out/gpu-results.jsonl SMLA_FP8_RESULTS=$out/fp8-gpu-results.jsonl
+  timeout 75 python3 bench/bench_fp8_kv.py --prewarm 14 --prewarm-only --sweep > "$out/prewarm.log" 2>&1 \
+    || echo "prewarm exit $?" >> "$out/prewarm.log"
+  timeout 120 python3 -m pytest tests/gpu/test_kernel_gpu.py tests/gpu/test_fp8_kv_gpu.py -m gpu -q \
+    -p no:cacheprovider -rA "$@" > "$out/gpu-tests-kernels.log" 2>&1 || rc=$?
+  tail -2 "$out/gpu-tests-kernels.log"
+}
+fp8_bench() {
+  timeout 90 python3 bench/bench_fp8_kv.py --sweep --out "$out/bench-fp8" > "$out/bench-fp8.log" 2>&1 \
+    || echo "bench exit $?" >> "$out/bench-fp8.log"
+  grep -E "^(H|copy)" "$out/bench-fp8.log" || tail -5 "$out/bench-fp8.log"
+  tar -C "$out" -cJf "$out/logs.tar.xz" --exclude=logs.tar.xz .
+}
 case "$phase" in
   kernels)
     (xz -dc "$b/so/_C_stable_libtorch.abi3.so.xz" > "$work/_C_stable_libtorch.abi3.so" \
@@ -89,20 +108,24 @@ case "$phase" in
       | tee -a "$out/gpu-env-$phase.txt"
     sha256sum "$site"/vllm/_C_stable_libtorch.abi3.so "$site"/vllm/v1/attention/ops/triton_*.py | tee -a "$out/gpu-env-$phase.txt"
     export SMLA_TREE=$site SMLA_VLLM_C_SO=$site/vllm/_C_stable_libtorch.abi3.so
-    export SMLA_GPU_RESULTS=$out/gpu-results.jsonl SMLA_FP8_RESULTS=$out/fp8-gpu-results.jsonl
-    timeout 75 python3 bench/bench_fp8_kv.py --prewarm 14 --prewarm-only --sweep > "$out/prewarm.log" 2>&1 \
-      || echo "prewarm exit $?" >> "$out/prewarm.log"
     rc=0
-    timeout 120 python3 -m pytest tests/gpu/test_kernel_gpu.py tests/gpu/test_fp8_kv_gpu.py -m gpu -q \
-      -p no:cacheprovider -rA "$@" > "$out/gpu-tests-kernels.log" 2>&1 || rc=$?
-    tail -2 "$out/gpu-tests-kernels.log"
+    fp8_suite "$@"
     PYTHONPATH=$site:$PWD/tools VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING} \
       timeout 120 python3 -m pytest tests/gpu/test_backend_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
       > "$out/gpu-tests-backend.log" 2>&1 || rc=$?
     tail -2 "$out/gpu-tests-backend.log"
-    timeout 90 python3 bench/bench_fp8_kv.py --sweep --out "$out/bench-fp8" > "$out/bench-fp8.log" 2>&1 \
-      || echo "bench exit $?" >> "$out/bench-fp8.log"
-    tail -25 "$out/bench-fp8.log"
+    fp8_bench
+    exit $rc
+    ;;
+  fp8)  # carry .fp8-payload
+    p=.fp8-payload
+    sha256sum "$p"/tree/vllm/v1/attention/ops/*.py | tee -a "$out/gpu-env-$phase.txt"
+    xz -dc "$p/so/_C_stable_libtorch.abi3.so.xz" > "$work/_C_stable_libtorch.abi3.so"
+    (cp "$p/so/SHA256SUMS" "$work/" && cd "$work" && sha256sum -c SHA256SUMS) | tee -a "$out/gpu-env-$phase.txt"
+    export SMLA_TREE=$PWD/$p/tree SMLA_VLLM_C_SO=$work/_C_stable_libtorch.abi3.so
+    rc=0
+    fp8_suite "$@"
+    fp8_bench
     exit $rc
     ;;
   bench)  # carry .gpu-port/kern: the benchmark alone (also part of `kernels`)
