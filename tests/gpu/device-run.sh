@@ -45,7 +45,10 @@ fp8_bench() {
   timeout 90 python3 bench/bench_fp8_kv.py --sweep --out "$out/bench-fp8" > "$out/bench-fp8.log" 2>&1 \
     || echo "bench exit $?" >> "$out/bench-fp8.log"
   grep -E "^(H|copy)" "$out/bench-fp8.log" || tail -5 "$out/bench-fp8.log"
-  tar -C "$out" -cJf "$out/logs.tar.xz" --exclude=logs.tar.xz .
+  # everything in one archive, then only the summaries beside it (<= 8 files come back)
+  tar -C "$out" -cJf /tmp/smla-gpu-logs.tar.xz . && mv /tmp/smla-gpu-logs.tar.xz "$out/logs.tar.xz"
+  find "$out" -mindepth 1 -not -name logs.tar.xz -not -name 'gpu-tests-*.log' -not -name 'gpu-env-*' \
+    -not -name fp8-gpu-results.jsonl -not -name bench-fp8.log -delete
 }
 case "$phase" in
   kernels)
