@@ -216,6 +216,10 @@ SMEM_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448,
               120: 101376, 121: 101376}
 
 
+ALIGNED_STRIDES = {"stride_qm", "stride_qh", "stride_kn", "stride_wm", "stride_qb", "stride_qn",
+                   "stride_kvb"}
+
+
 def compile_report(tree: Path, arch: int, configs: list[dict] | None = None) -> list[dict]:
     """Compile the logits kernels for `arch` with the wrappers' default launch
     configs (or `configs`); one dict per kernel with its static shared memory.
@@ -244,8 +248,12 @@ def compile_report(tree: Path, arch: int, configs: list[dict] | None = None) -> 
         sig = {a: ("constexpr" if a in cst else "*" + ptr_types[a] if a in ptr_types else "i32")
                for a in fn.arg_names}
         opts = dict(num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2))
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cst), target=target,
-                           options=opts)
+        # what the JIT specializes at run time for vLLM's tensors: 16-byte aligned
+        # pointers, strides that are multiples of 16 (128-wide heads, 64-slot blocks)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                 if a in ptr_types or a in ALIGNED_STRIDES}
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cst, attrs=attrs),
+                           target=target, options=opts)
         out.append(dict(arch=arch, **cfg, shared=int(k.metadata.shared),
                         smem_limit=SMEM_LIMIT.get(arch),
                         has_cubin=len(k.asm.get("cubin", b"")) > 0))
