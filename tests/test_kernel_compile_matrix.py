@@ -14,8 +14,12 @@ compiled for:
     decode (hardware e4m3 conversion on sm89+, software decode below), and on
     sm89+ also the forced software decode (fp8_hw=False) with bf16,
 and every split-K merge configuration it can launch (BLOCK_S, warps, PDL) for
-bf16/fp16 outputs.  Each compiled kernel must have a cubin and PTX and fit the
-arch's per-block shared memory.  Registers / spills are reported (printed),
+bf16/fp16 outputs, all with the pointer/stride alignment Triton's JIT
+specializes at run time for vLLM's tensors (it decides whether the gathers
+become pipelined async copies, and so the shared memory; without it the
+16-bit kernel's 32-head tiles seemed to fit the ~99 KB parts and did not).
+Each compiled kernel must have a cubin and PTX and fit the arch's per-block
+shared memory.  Registers / spills are reported (printed),
 not asserted.
 
 Runs one child process per arch without TRITON_INTERPRET (the interpreter
