@@ -95,11 +95,7 @@ T.REQUESTS = [(1, 300), (1, 70), (3, 100), (2, 2)]
 T.TOPK = 128
 dev = torch.device("cpu")
 heads, dtype = 16, torch.float16
-gen = torch.Generator().manual_seed(0)
-b = T._batch(dtype, heads, dev, gen)
-builder = T.make_builder(m, heads, dtype, 32, dev)
-md = builder.build(0, T._common_metadata(b, dev))
-assert md.num_decode_tokens == b["T"] and md.num_prefills == 0, md
+b, md = T.small_decode_case(m, dtype, dev, heads)
 # the same latent rows, stored as fp8_ds_mla the way the backend writes them
 # for a float16 model (do_kv_cache_update, patch 0013): as bfloat16 rows
 nb = b["kv_cache"].shape[0]

@@ -38,11 +38,7 @@ T.REQUESTS = [(1, 300), (1, 70), (3, 100), (2, 2)]
 T.TOPK = 128
 dev = torch.device("cpu")
 heads, dtype = 16, torch.float32
-gen = torch.Generator().manual_seed(0)
-b = T._batch(dtype, heads, dev, gen)
-builder = T.make_builder(m, heads, dtype, 32, dev)
-md = builder.build(0, T._common_metadata(b, dev))
-assert md.num_decode_tokens == b["T"] and md.num_prefills == 0, md
+b, md = T.small_decode_case(m, dtype, dev, heads)
 assert torch.equal(md.req_id_per_token, b["req_id"])
 buf = torch.full((32, T.TOPK), -1, dtype=torch.int32)
 buf[: b["T"]] = b["topk"]

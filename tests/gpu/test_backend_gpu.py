@@ -173,6 +173,16 @@ def make_builder(backend_mod, heads, dtype, max_tokens, device, **kw):
         vllm_config_stand_in(heads, dtype, max_tokens, **kw), device)
 
 
+def small_decode_case(backend_mod, dtype, device, heads=16, max_tokens=32):
+    """A small all-decode batch of REQUESTS / TOPK (the CPU smoke scripts set
+    them smaller), its metadata built by our builder: (batch, metadata)."""
+    b = _batch(dtype, heads, device, torch.Generator().manual_seed(0))
+    builder = make_builder(backend_mod, heads, dtype, max_tokens, device)
+    md = builder.build(0, _common_metadata(b, device))
+    assert md.num_decode_tokens == b["T"] and md.num_prefills == 0, md
+    return b, md
+
+
 def _make_impl(backend_mod, heads, scale, indexer):
     """TritonMLASparseImpl with GLM-5's MLA geometry; `indexer` is a stand-in
     holding only topk_indices_buffer."""
