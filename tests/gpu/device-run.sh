@@ -14,9 +14,8 @@
 #            series' wheel (make build-wheel) is installed in /tmp/smla-e2e/site with vLLM's own
 #            compiled ops; kernel, fp8 KV and backend tests against that installed vllm, then the
 #            fp8 benchmark (bench/bench_fp8_kv.py --sweep)
-#   fp8      carry .fp8-payload (so/: as .gpu-port/so; tree/: vllm/__init__.py and the two
-#            kernel modules vllm/v1/attention/ops/triton_{sparse_mla,dsa_indexer}.py): kernel and
-#            fp8 KV tests and the fp8 benchmark on a kernel not yet built into a wheel
+#   fp8      carry .gpu-port/so .gpu-port/kern : kernel and fp8 KV tests and the fp8 benchmark on
+#            the work tree's kernels, before they are built into a wheel
 # installed and fp8 pack their logs into $OUT/logs.tar.xz (a call returns at most 8 files).
 # usage (repo root): bash tests/gpu/device-run.sh all|kernels|backend|bench [pytest args]
 # Results under $OUT: gpu-env.txt, gpu-tests-<phase>.log, gpu-results.jsonl, bench/ (kernels).
@@ -50,10 +49,14 @@ fp8_bench() {
   find "$out" -mindepth 1 -not -name logs.tar.xz -not -name 'gpu-tests-*.log' -not -name 'gpu-env-*' \
     -not -name fp8-gpu-results.jsonl -not -name bench-fp8.log -delete
 }
+# vLLM's compiled ops from .gpu-port/so to $work, checked against the wheel member's sha256
+unpack_so() {
+  xz -dc "$b/so/_C_stable_libtorch.abi3.so.xz" > "$work/_C_stable_libtorch.abi3.so" \
+    && cp "$b/so/SHA256SUMS" "$work/" && (cd "$work" && sha256sum -c SHA256SUMS)
+}
 case "$phase" in
   kernels)
-    (xz -dc "$b/so/_C_stable_libtorch.abi3.so.xz" > "$work/_C_stable_libtorch.abi3.so" \
-      && cp "$b/so/SHA256SUMS" "$work/" && cd "$work" && sha256sum -c SHA256SUMS) > "$out/so-unpack.log" 2>&1 &
+    unpack_so > "$out/so-unpack.log" 2>&1 &
     unpack=$!
     export SMLA_TREE=$PWD/$b/kern SMLA_GPU_RESULTS=$out/gpu-results.jsonl
     rc=0
@@ -120,12 +123,10 @@ case "$phase" in
     fp8_bench
     exit $rc
     ;;
-  fp8)  # carry .fp8-payload
-    p=.fp8-payload
-    sha256sum "$p"/tree/vllm/v1/attention/ops/*.py | tee -a "$out/gpu-env-$phase.txt"
-    xz -dc "$p/so/_C_stable_libtorch.abi3.so.xz" > "$work/_C_stable_libtorch.abi3.so"
-    (cp "$p/so/SHA256SUMS" "$work/" && cd "$work" && sha256sum -c SHA256SUMS) | tee -a "$out/gpu-env-$phase.txt"
-    export SMLA_TREE=$PWD/$p/tree SMLA_VLLM_C_SO=$work/_C_stable_libtorch.abi3.so
+  fp8)  # carry .gpu-port/so .gpu-port/kern
+    sha256sum "$b"/kern/vllm/v1/attention/ops/*.py | tee -a "$out/gpu-env-$phase.txt"
+    unpack_so | tee -a "$out/gpu-env-$phase.txt"
+    export SMLA_TREE=$PWD/$b/kern SMLA_VLLM_C_SO=$work/_C_stable_libtorch.abi3.so
     rc=0
     fp8_suite "$@"
     fp8_bench

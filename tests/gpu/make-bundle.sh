@@ -30,7 +30,8 @@ PY
 xz -T0 -9 --x86 --lzma2=preset=9 -f "$out/so/_C_stable_libtorch.abi3.so"
 
 cp "$tree"/vllm/__init__.py "$out/kern/vllm/"  # tests check for a vLLM tree by this file
-cp "$tree"/vllm/v1/attention/ops/triton_sparse_mla.py "$tree"/vllm/v1/attention/ops/triton_decode_attention.py \
+# triton_sparse_mla.py loads its sibling triton_dsa_indexer.py (the shared software e4m3 decode)
+cp "$tree"/vllm/v1/attention/ops/triton_{sparse_mla,dsa_indexer,decode_attention}.py \
   "$out/kern/vllm/v1/attention/ops/"
 
 git -C "$tree" ls-files vllm | grep -v '\.\(md\|png\|jpg\)$' | "$py" -c '
