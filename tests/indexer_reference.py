@@ -231,20 +231,26 @@ def compile_report(tree: Path, arch: int, configs: list[dict] | None = None) -> 
     mod = load_indexer_module(tree, interpret=False)
     target = GPUTarget("cuda", arch, 32)
     if configs is None:
-        configs = [dict(kernel="prefill", BLOCK_N=128, BLOCK_M=16, num_warps=4, NEXT_N=1),
-                   dict(kernel="decode", BLOCK_N=128, TILES=4, num_warps=4, NEXT_N=1),
-                   dict(kernel="decode", BLOCK_N=128, TILES=4, num_warps=4, NEXT_N=2)]
+        # The wrappers' launch configs, for each path this arch can run: the
+        # software decode everywhere, fp8 tensor-core dots on sm89 and newer.
+        configs = []
+        for mma in (False, True) if arch >= 89 else (False,):
+            configs.append(dict(kernel="prefill", FP8_MMA=mma, NEXT_N=1, **mod._PREFILL_CFG[mma]))
+            for next_n in (1, 2):
+                configs.append(dict(kernel="decode", FP8_MMA=mma, NEXT_N=next_n,
+                                    **mod._DECODE_CFG[mma]))
     ptr_types = {"q_ptr": "u8", "k_ptr": "u8", "kv_ptr": "u8", "k_scale_ptr": "fp32",
                  "w_ptr": "fp32", "ks_ptr": "i32", "ke_ptr": "i32", "ctx_ptr": "i32",
                  "bt_ptr": "i32", "out_ptr": "fp32"}
     out = []
     for cfg in configs:
         fn = mod._mqa_logits_kernel if cfg["kernel"] == "prefill" else mod._paged_mqa_logits_kernel
-        cst = dict(H=64, D=128, BLOCK_N=cfg["BLOCK_N"], CLEAN=False)
+        cst = dict(H=64, D=128, BLOCK_N=cfg["BLOCK_N"], CLEAN=False, FP8_MMA=cfg["FP8_MMA"])
         if cfg["kernel"] == "prefill":
-            cst["BLOCK_M"] = cfg["BLOCK_M"]
+            cst["QROWS"] = cfg["QROWS"]
         else:
-            cst.update(NEXT_N=cfg["NEXT_N"], CTX_2D=True, TILES=cfg.get("TILES", 1))
+            cst.update(NEXT_N=cfg["NEXT_N"], ROWS=triton.next_power_of_2(cfg["NEXT_N"]),
+                       CTX_2D=True, PAGE=64)
         sig = {a: ("constexpr" if a in cst else "*" + ptr_types[a] if a in ptr_types else "i32")
                for a in fn.arg_names}
         opts = dict(num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2))
@@ -294,6 +300,7 @@ class VllmOps:
         self.cache_gather = find("cp_gather_indexer_k_quant_cache")
         self.topk_prefill = find("top_k_per_row_prefill")
         self.topk_decode = find("top_k_per_row_decode")
+        self.persistent_topk = find("persistent_topk")
 
 
 def quant_q_vllm(ops: VllmOps, q: torch.Tensor, weights: torch.Tensor,

@@ -91,8 +91,9 @@ def make_prefill(seed, M, N, H, D):
     return q_fp8, k_fp8, k_scale, wq
 
 
-@pytest.mark.parametrize("block_m,block_n", [(4, 32), (3, 64)])
-def test_mqa_logits_ragged_rows(mod, block_m, block_n):
+@pytest.mark.parametrize("fp8_mma", [False, True], ids=["software", "fp8-mma"])
+@pytest.mark.parametrize("qrows,block_n", [(4, 32), (1, 64), (2, 16)])
+def test_mqa_logits_ragged_rows(mod, qrows, block_n, fp8_mma):
     M, N, H, D = 9, 150, 16, 32
     q_fp8, k_fp8, k_scale, w = make_prefill(2, M, N, H, D)
     # empty rows, single keys, full range, bounds on and off tile edges
@@ -100,13 +101,13 @@ def test_mqa_logits_ragged_rows(mod, block_m, block_n):
     ke = torch.tensor([1, 150, 60, 20, 150, 140, 64, 65, 0], dtype=torch.int32)
     ref = ref_mqa_logits(q_fp8, k_fp8, k_scale, w, ks, ke)
     out = mod.mqa_logits(q_fp8, k_fp8, k_scale, w, ks, ke, clean_logits=True,
-                         block_m=block_m, block_n=block_n)
+                         config=dict(QROWS=qrows, BLOCK_N=block_n), fp8_mma=fp8_mma)
     assert out.shape == (M, N) and out.dtype == torch.float32
     assert_logits(out, ref)
     assert torch.isneginf(out[3]).all() and torch.isneginf(out[8]).all()
     # clean_logits=False: inside [ks, ke) identical, outside unspecified
     out_nc = mod.mqa_logits(q_fp8, k_fp8, k_scale, w, ks, ke, clean_logits=False,
-                            block_m=block_m, block_n=block_n)
+                            config=dict(QROWS=qrows, BLOCK_N=block_n), fp8_mma=fp8_mma)
     fin = torch.isfinite(ref)
     assert torch.equal(out_nc[fin], out[fin])
 
@@ -127,7 +128,7 @@ def test_mqa_logits_causal_multi_request(mod):
     ke = torch.tensor(ke, dtype=torch.int32)
     q_fp8, k_fp8, k_scale, w = make_prefill(3, M, N, H, D)
     ref = ref_mqa_logits(q_fp8, k_fp8, k_scale, w, ks, ke)
-    out = mod.mqa_logits(q_fp8, k_fp8, k_scale, w, ks, ke, block_m=8, block_n=64)
+    out = mod.mqa_logits(q_fp8, k_fp8, k_scale, w, ks, ke, config=dict(QROWS=8, BLOCK_N=64))
     assert_logits(out, ref)
 
 
@@ -138,7 +139,7 @@ def test_mqa_logits_real_head_geometry(mod):
     ks = torch.tensor([0, 3, 60], dtype=torch.int32)
     ke = torch.tensor([70, 40, 61], dtype=torch.int32)
     ref = ref_mqa_logits(q_fp8, k_fp8, k_scale, w, ks, ke)
-    assert_logits(mod.mqa_logits(q_fp8, k_fp8, k_scale, w, ks, ke, block_n=64), ref)
+    assert_logits(mod.mqa_logits(q_fp8, k_fp8, k_scale, w, ks, ke, config=dict(BLOCK_N=64)), ref)
 
 
 def test_mqa_logits_relu_and_weight_signs(mod):
@@ -151,7 +152,7 @@ def test_mqa_logits_relu_and_weight_signs(mod):
     k_fp8, k_scale = quant_k(k)
     w = -torch.ones(1, H)
     ks, ke = torch.tensor([0], dtype=torch.int32), torch.tensor([2], dtype=torch.int32)
-    out = mod.mqa_logits(q_fp8, k_fp8, k_scale, w, ks, ke, block_n=16)
+    out = mod.mqa_logits(q_fp8, k_fp8, k_scale, w, ks, ke, config=dict(BLOCK_N=16))
     ref = ref_mqa_logits(q_fp8, k_fp8, k_scale, w, ks, ke)
     assert out[0, 1] == 0 and out[0, 0] < 0
     assert_logits(out, ref)
@@ -204,25 +205,28 @@ def test_cache_writer_layout(mod):
     assert (kv.view(4, -1)[:, :bs * D].reshape(-1, D)[[1, 2]] == 0).all()  # slot -1 untouched
 
 
+@pytest.mark.parametrize("fp8_mma", [False, True], ids=["software", "fp8-mma"])
 @pytest.mark.parametrize("block_n", [16, 64])
-def test_paged_decode_holes_next_n_1(mod, block_n):
+def test_paged_decode_holes_next_n_1(mod, block_n, fp8_mma):
     H, D, bs = 16, 32, 16
     lens = [40, 1, 0, 97, 16]
     q_fp8, kv, w, bt = make_paged(6, lens, 1, H, D, bs, num_blocks=24, max_blocks=8)
     ctx = torch.tensor(lens, dtype=torch.int32)[:, None]  # (B, 1), as vLLM passes it
     max_model_len = 128
     ref = ref_paged_mqa_logits(q_fp8, kv, w, ctx, bt, max_model_len)
-    out = mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, max_model_len, block_n=block_n)
+    out = mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, max_model_len, config=dict(BLOCK_N=block_n),
+                               fp8_mma=fp8_mma)
     assert out.shape == (len(lens), max_model_len)
     assert_logits(out, ref)
     assert torch.isneginf(out[2]).all()  # padded request (ctx 0)
     # DeepGEMM's 4-D view of the cache is accepted too
     out4 = mod.paged_mqa_logits(q_fp8, kv.unsqueeze(2), w, ctx, bt, max_model_len,
-                                block_n=block_n)
+                                config=dict(BLOCK_N=block_n), fp8_mma=fp8_mma)
     assert torch.equal(out4, out)
 
 
-def test_paged_decode_mtp_2d_context_lens(mod):
+@pytest.mark.parametrize("fp8_mma", [False, True], ids=["software", "fp8-mma"])
+def test_paged_decode_mtp_2d_context_lens(mod, fp8_mma):
     """next_n = 3 with per-position (2-D) lengths, incl. a non-causal-looking
     pattern and a row whose length is 0."""
     H, D, bs, next_n = 16, 32, 16, 3
@@ -230,10 +234,12 @@ def test_paged_decode_mtp_2d_context_lens(mod):
     q_fp8, kv, w, bt = make_paged(7, lens2d.max(1).values.tolist(), next_n, H, D, bs,
                                   num_blocks=16, max_blocks=6)
     ref = ref_paged_mqa_logits(q_fp8, kv, w, lens2d, bt, 96)
-    out = mod.paged_mqa_logits(q_fp8, kv, w, lens2d, bt, 96, block_n=32)
+    out = mod.paged_mqa_logits(q_fp8, kv, w, lens2d, bt, 96, config=dict(BLOCK_N=32),
+                               fp8_mma=fp8_mma)
     assert_logits(out, ref)
-    assert torch.equal(mod.paged_mqa_logits(q_fp8, kv, w, lens2d, bt, 96, block_n=16, tiles=4),
-                       out)
+    several = mod.paged_mqa_logits(q_fp8, kv, w, lens2d, bt, 96, fp8_mma=fp8_mma,
+                                   config=dict(BLOCK_N=16, keys_per_program=64))
+    assert torch.equal(several, out)
     assert torch.isneginf(out[3]).all()
     for r, L in enumerate(row_lengths(lens2d, next_n).tolist()):
         assert torch.isfinite(out[r, :L]).all() and torch.isneginf(out[r, L:]).all()
@@ -247,15 +253,15 @@ def test_paged_decode_mtp_1d_context_lens(mod):
     q_fp8, kv, w, bt = make_paged(8, lens, next_n, H, D, bs, num_blocks=12, max_blocks=5)
     ctx = torch.tensor(lens, dtype=torch.int32)
     ref = ref_paged_mqa_logits(q_fp8, kv, w, ctx, bt, 80)
-    out = mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, 80, block_n=16)
+    out = mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, 80, config=dict(BLOCK_N=16))
     assert_logits(out, ref)
-    out_b1 = mod.paged_mqa_logits(q_fp8, kv, w, ctx[:, None], bt, 80, block_n=16)
+    out_b1 = mod.paged_mqa_logits(q_fp8, kv, w, ctx[:, None], bt, 80, config=dict(BLOCK_N=16))
     assert torch.equal(out_b1, out)
     # several key tiles per program (the last one past max_model_len)
-    out_t = mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, 80, block_n=16, tiles=3)
+    out_t = mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, 80, config=dict(BLOCK_N=16, keys_per_program=48))
     assert torch.equal(out_t, out)
     # clean_logits=False: inside the bounds identical
-    out_nc = mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, 80, block_n=16, clean_logits=False)
+    out_nc = mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, 80, config=dict(BLOCK_N=16), clean_logits=False)
     fin = torch.isfinite(ref)
     assert torch.equal(out_nc[fin], out[fin])
 
@@ -267,7 +273,7 @@ def test_paged_decode_real_geometry_block_64(mod):
     q_fp8, kv, w, bt = make_paged(9, lens, 1, H, D, bs, num_blocks=8, max_blocks=4)
     ctx = torch.tensor(lens, dtype=torch.int32)[:, None]
     ref = ref_paged_mqa_logits(q_fp8, kv, w, ctx, bt, 256)
-    assert_logits(mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, 256, block_n=64), ref)
+    assert_logits(mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, 256, config=dict(BLOCK_N=64)), ref)
 
 
 def test_decode_wrapper_has_no_host_sync(vllm_tree):
@@ -316,7 +322,7 @@ def test_toy_dsa_block_decode_and_prefill(mod, vllm_tree, dtype):
 
     # decode: one query per request
     ctx = torch.tensor(lens, dtype=torch.int32)[:, None]
-    logits = mod.paged_mqa_logits(q_fp8, kv_idx, w, ctx, bt, 64, block_n=32)
+    logits = mod.paged_mqa_logits(q_fp8, kv_idx, w, ctx, bt, 64, config=dict(BLOCK_N=32))
     ref_logits = ref_paged_mqa_logits(q_fp8, kv_idx, w, ctx, bt, 64)
     top = topk_rows(logits, topk)  # stands in for vLLM's top_k_per_row_decode (a _C op)
     check_topk(top, ref_logits, topk)
@@ -342,7 +348,7 @@ def test_toy_dsa_block_decode_and_prefill(mod, vllm_tree, dtype):
     qp_fp8, wp = quant_q(qp, torch.randn(T, H_idx, generator=g), D_idx ** -0.5, H_idx ** -0.5)
     ks = torch.zeros(T, dtype=torch.int32)
     ke = torch.arange(L - T + 1, L + 1, dtype=torch.int32)
-    pl = mod.mqa_logits(qp_fp8, k_fp8, k_scale, wp, ks, ke, block_n=32)
+    pl = mod.mqa_logits(qp_fp8, k_fp8, k_scale, wp, ks, ke, config=dict(BLOCK_N=32))
     ref_pl = ref_mqa_logits(qp_fp8, k_fp8, k_scale, wp, ks, ke)
     ptop = topk_rows(pl, topk)
     check_topk(ptop, ref_pl, topk)
@@ -385,7 +391,9 @@ def test_logits_kernels_compile_for_arch(vllm_tree, arch):
                        timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
     recs = json.loads(r.stdout.strip().splitlines()[-1])
-    assert len(recs) == 3
+    # the software path on every arch, fp8 tensor-core dots from sm89 on
+    assert sorted({r["FP8_MMA"] for r in recs}) == ([False, True] if arch >= 89 else [False])
+    assert len(recs) == (6 if arch >= 89 else 3)
     for rec in recs:
         assert rec["has_cubin"], rec
         assert rec["shared"] <= rec["smem_limit"], rec

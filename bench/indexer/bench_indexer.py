@@ -1,20 +1,33 @@
 """Time the Triton DSA-indexer logits kernels against DeepGEMM's (GPU only).
 
-Same inputs for both (built like tests/gpu/test_indexer_gpu.py: bf16
-activations quantised as vLLM does, keys written into a shuffled paged cache),
-64 heads x 128 dims, cache blocks of 64 tokens, clean_logits=False as vLLM
-calls them; DeepGEMM's paged schedule is built outside the timed region (vLLM
-builds it in the metadata builder). Times are triton.testing.do_bench medians
-(ms). Also sweeps a few launch configs of our kernels.
+The calls timed are the ones vLLM's sparse_attn_indexer makes: mqa_logits
+(prefill, keys gathered contiguous) and paged_mqa_logits (decode, vLLM's
+block-packed indexer cache, 2-D context lengths, clean_logits=False), on the
+same inputs for every side: bf16 activations quantised as vLLM does, keys
+written by vLLM's indexer_k_quant_and_cache into a shuffled paged cache,
+GLM-5 / DeepSeek-V3.2 geometry (64 heads x 128, blocks of 64 tokens).
+Sides: ours on the fp8 tensor-core path (`fp8-mma`, sm89+) and on the software
+decode path (`software`, what sm80/86 run; forced here), the kernel file of
+SMLA_TREE_BEFORE (`before`, optional), DeepGEMM (vLLM 0.26.0's wheel;
+paged schedule built outside the timed region, as vLLM's metadata builder
+does).  Decode cells are CUDA-graph replays (vLLM captures decode), prefill
+eager; triton.testing.do_bench medians (L2 flushed).  Also: the whole decode
+step (logits + top-k: ours + top_k_per_row_decode, DeepGEMM + persistent_topk
+as upstream runs on sm90, DeepGEMM + top_k_per_row_decode), and the host time
+of one eager paged-decode call.  Copy bandwidth and bytes: each key's 132 B
+(128 codes + fp32 scale) once, q and the logits written.
 
-usage: python bench/indexer/bench_indexer.py OUT.jsonl
-env:   SMLA_TREE, SMLA_DEEPGEMM_DIR, SMLA_VLLM_C_SO (as for the GPU test)
+usage: python bench/indexer/bench_indexer.py OUT_DIR [--quick]
+env:   SMLA_TREE, SMLA_TREE_BEFORE, SMLA_DEEPGEMM_DIR, SMLA_VLLM_C_SO
+Writes OUT_DIR/indexer.json: {"copy_tbps", "rows": [...]}.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -27,23 +40,55 @@ sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 from indexer_reference import (  # noqa: E402
     build_paged_case,
     gather_request_keys,
-    load_indexer_module,
     quant_q,
     quant_q_vllm,
 )
+from sparse_mla_reference import load_tree_module  # noqa: E402
 from test_indexer_gpu import BS, D, H, load_deepgemm, load_vllm_ops  # noqa: E402
 
-PREFILL = [([8192], [1024]), ([65536], [512]), ([16384], [4096])]
-DECODE = [(1, 65536, 1), (32, 4096, 1), (32, 65536, 1), (128, 16384, 1), (32, 65536, 2)]
+REL = "vllm/v1/attention/ops/triton_dsa_indexer.py"
+# (context lengths per request, queries per request)
+PREFILL = [([65536], [512]), ([16384], [4096]), ([8192], [1024])]
+# (batch, context, next_n); "mixed": lengths spread over 1..64k
+DECODE = [(32, 65536, 1), (128, 16384, 1), (1, 65536, 1), (32, 65536, 2), (64, "mixed", 1)]
 MAX_MODEL_LEN = 65536
-# first entry = the wrappers' defaults
-PREFILL_CFGS = [dict(block_n=128, block_m=16, num_warps=4), dict(block_n=128, block_m=8, num_warps=4)]
-DECODE_CFGS = [dict(block_n=128, tiles=4, num_warps=4), dict(block_n=128, tiles=1, num_warps=4),
-               dict(block_n=128, tiles=16, num_warps=4), dict(block_n=64, tiles=4, num_warps=4)]
+TOPK = 2048
+KEY_BYTES = D + 4
 
 
-def bench(fn):
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+def bench(fn, graph=False) -> float:
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        torch.cuda.synchronize()
+        return 1e3 * triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median")
+    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def copy_tbps() -> float:
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=10, rep=50, return_mode="median")
+    return 2 * n / (ms * 1e-3) / 1e12
+
+
+def host_us(fn, calls=2000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
 
 
 def prefill_inputs(ops, ctx_lens, q_lens, seed):
@@ -67,51 +112,111 @@ def prefill_inputs(ops, ctx_lens, q_lens, seed):
             torch.tensor(ke, dtype=torch.int32, device="cuda"))
 
 
-def main(out_path: str):
-    tree = Path(os.environ.get("SMLA_TREE", ROOT / "work" / "vllm"))
-    idx = load_indexer_module(tree, interpret=False)
+def decode_topk(ops, logits, next_n, lens2d, out):
+    R = logits.shape[0]
+    ops.topk_decode(logits, next_n, lens2d, out, R, logits.stride(0), logits.stride(1), TOPK)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_dir")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    idx = load_tree_module(Path(os.environ.get("SMLA_TREE", ROOT / "work" / "vllm")), REL,
+                           "smla_idx_now")
+    before = None
+    if os.environ.get("SMLA_TREE_BEFORE"):
+        before = load_tree_module(Path(os.environ["SMLA_TREE_BEFORE"]), REL, "smla_idx_before")
     dg = load_deepgemm()
     ops = load_vllm_ops()
-    dev = torch.cuda.get_device_name(0)
-    recs = []
+    bw = copy_tbps()
+    print(f"copy {bw:.2f} TB/s  device {torch.cuda.get_device_name(0)}", flush=True)
+    rows = []
 
-    def emit(**r):
-        r["device"] = dev
-        recs.append(r)
+    def emit(r):
+        rows.append(r)
         print(json.dumps(r), flush=True)
 
-    for i, (ctx, ql) in enumerate(PREFILL):
+    prefill = PREFILL[:1] if args.quick else PREFILL
+    for i, (ctx, ql) in enumerate(prefill):
         qf, kc, ksc, wq, ks, ke = prefill_inputs(ops, ctx, ql, 100 + i)
-        shape = dict(kind="prefill", rows=int(ks.numel()), keys=int(kc.shape[0]))
-        if dg is not None:
-            emit(**shape, impl="deepgemm",
-                 ms=bench(lambda: dg.mqa_logits(qf, kc, ksc, wq, ks, ke, clean=False)))
-        for cfg in PREFILL_CFGS:
-            emit(**shape, impl="triton", **cfg,
-                 ms=bench(lambda: idx.mqa_logits(qf, kc, ksc, wq, ks, ke, clean_logits=False,
-                                                 **cfg)))
+        M, N = int(ks.numel()), int(kc.shape[0])
+        flops = 2.0 * H * D * float((ke - ks).sum())
+        dg_us = (bench(lambda: dg.mqa_logits(qf, kc, ksc, wq, ks, ke, clean=False))
+                 if dg is not None else None)
+        for path, mma in (("fp8-mma", True), ("software", False)):
+            us = bench(lambda: idx.mqa_logits(qf, kc, ksc, wq, ks, ke, clean_logits=False,
+                                              fp8_mma=mma))
+            r = dict(kind="prefill", queries=M, context=N, path=path, ours_us=us,
+                     deepgemm_us=dg_us, tflops=flops / (us * 1e-6) / 1e12)
+            if dg_us:
+                r["ours_vs_deepgemm"] = us / dg_us
+            if before is not None and path == "software":
+                r["before_us"] = bench(lambda: before.mqa_logits(qf, kc, ksc, wq, ks, ke,
+                                                                 clean_logits=False))
+            emit(r)
         del qf, kc, ksc, wq
         torch.cuda.empty_cache()
 
-    for i, (B, ctx, next_n) in enumerate(DECODE):
-        case = build_paged_case("cuda", [ctx] * B, next_n, H, D, BS, 200 + i, ops,
+    decode = DECODE[:1] if args.quick else DECODE
+    for i, (B, ctx, next_n) in enumerate(decode):
+        g = torch.Generator().manual_seed(7 + i)
+        lens = (torch.randint(1, MAX_MODEL_LEN + 1, (B,), generator=g).tolist()
+                if ctx == "mixed" else [ctx] * B)
+        case = build_paged_case("cuda", lens, next_n, H, D, BS, 200 + i, ops,
                                 max_model_len=MAX_MODEL_LEN)
-        args = (case["q_fp8"], case["kv"], case["w"], case["lens2d"], case["bt"], MAX_MODEL_LEN)
-        shape = dict(kind="decode", batch=B, ctx=ctx, next_n=next_n, max_model_len=MAX_MODEL_LEN)
+        a = (case["q_fp8"], case["kv"], case["w"], case["lens2d"], case["bt"], MAX_MODEL_LEN)
+        keys = sum(lens)
+        nbytes = keys * KEY_BYTES + B * next_n * (H * D + 4 * MAX_MODEL_LEN)
+        topk_out = torch.empty((B * next_n, TOPK), dtype=torch.int32, device="cuda")
+        dg_us = dg_step = dg_step_same = None
         if dg is not None:
             sched = dg.schedule(case["lens2d"], BS)
-            emit(**shape, impl="deepgemm",
-                 ms=bench(lambda: dg.paged(*args, clean=False, sched=sched)))
-        for cfg in DECODE_CFGS:
-            emit(**shape, impl="triton", **cfg,
-                 ms=bench(lambda: idx.paged_mqa_logits(*args, clean_logits=False, **cfg)))
-        del case, args
+            dg_us = bench(lambda: dg.paged(*a, clean=False, sched=sched), graph=True)
+            if ops is not None:
+                ws = torch.empty(1024 * 1024, dtype=torch.uint8, device="cuda")
+
+                def dg_persistent():
+                    lg = dg.paged(*a, clean=False, sched=sched)
+                    ops.persistent_topk(lg, case["lens2d"].reshape(-1) if next_n == 1
+                                        else case["lens2d"], topk_out, ws, TOPK, lg.shape[1])
+
+                dg_step = bench(dg_persistent, graph=True) if next_n == 1 else None
+                dg_step_same = bench(lambda: decode_topk(
+                    ops, dg.paged(*a, clean=False, sched=sched), next_n, case["lens2d"],
+                    topk_out), graph=True)
+        for path, mma in (("fp8-mma", True), ("software", False)):
+            us = bench(lambda: idx.paged_mqa_logits(*a, clean_logits=False, fp8_mma=mma),
+                       graph=True)
+            r = dict(kind="decode", batch=B, next_n=next_n,
+                     context=ctx if ctx != "mixed" else "mixed", keys=keys, path=path,
+                     ours_us=us, deepgemm_us=dg_us,
+                     pct_copy_bw=100 * nbytes / (us * 1e-6) / (bw * 1e12))
+            if dg_us:
+                r["ours_vs_deepgemm"] = us / dg_us
+                r["deepgemm_pct_copy_bw"] = 100 * nbytes / (dg_us * 1e-6) / (bw * 1e12)
+            if ops is not None:
+                r["step_ours_topk_us"] = bench(lambda: decode_topk(
+                    ops, idx.paged_mqa_logits(*a, clean_logits=False, fp8_mma=mma), next_n,
+                    case["lens2d"], topk_out), graph=True)
+                r["step_deepgemm_persistent_topk_us"] = dg_step
+                r["step_deepgemm_same_topk_us"] = dg_step_same
+            if before is not None and path == "software":
+                r["before_us"] = bench(lambda: before.paged_mqa_logits(*a, clean_logits=False),
+                                       graph=True)
+            if i == 0:
+                r["host_us"] = host_us(lambda: idx.paged_mqa_logits(
+                    *a, clean_logits=False, fp8_mma=mma))
+            emit(r)
+        del case, a
         torch.cuda.empty_cache()
 
-    with open(out_path, "w") as f:
-        for r in recs:
-            f.write(json.dumps(r) + "\n")
+    res = dict(copy_tbps=bw, device=torch.cuda.get_device_name(0), torch=torch.__version__,
+               triton=triton.__version__, rows=rows)
+    (out_dir / "indexer.json").write_text(json.dumps(res, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

@@ -132,6 +132,36 @@ case "$phase" in
     fp8_bench
     exit $rc
     ;;
+  speed)  # carry .gpu-port: so/ (vLLM's ops), fm/ (FlashMLA), dg.tar.xz (DeepGEMM), kern/, before/
+    # GPU tests of both kernel files in the engine's call form, then the engine-form attention
+    # benchmark vs FlashMLA and the indexer benchmark vs DeepGEMM (issues 18, 19).
+    unpack_so | tee -a "$out/gpu-env-$phase.txt"
+    xz -dc "$b/fm/_flashmla_C.abi3.so.xz" > "$work/_flashmla_C.abi3.so"
+    mkdir -p "$work/dg" && tar -xJf "$b/dg.tar.xz" -C "$work/dg"
+    sha256sum "$b"/kern/vllm/v1/attention/ops/*.py | tee -a "$out/gpu-env-$phase.txt"
+    export SMLA_TREE=$PWD/$b/kern SMLA_VLLM_C_SO=$work/_C_stable_libtorch.abi3.so \
+      SMLA_FLASHMLA_SO=$work/_flashmla_C.abi3.so SMLA_DEEPGEMM_DIR=$work/dg \
+      CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+    [ -d "$b/before" ] && export SMLA_TREE_BEFORE=$PWD/$b/before
+    export SMLA_GPU_RESULTS=$out/gpu-results.jsonl SMLA_FP8_RESULTS=$out/fp8-gpu-results.jsonl \
+      SMLA_INDEXER_RESULTS=$out/indexer-gpu-results.jsonl
+    rc=0
+    if [ "${SMLA_SKIP_TESTS:-0}" != 1 ]; then
+      timeout 240 python3 -m pytest tests/gpu/test_kernel_gpu.py tests/gpu/test_fp8_kv_gpu.py \
+        tests/gpu/test_indexer_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
+        > "$out/gpu-tests-speed.log" 2>&1 || rc=$?
+      grep -E "^(FAILED|ERROR)" "$out/gpu-tests-speed.log" | cut -c1-200; tail -1 "$out/gpu-tests-speed.log"
+    fi
+    timeout 120 python3 bench/indexer/graph_sequence.py both > "$out/graph-sequence.log" 2>&1 \
+      || echo "graph_sequence exit $?" | tee -a "$out/graph-sequence.log"
+    tail -2 "$out/graph-sequence.log"
+    timeout 200 python3 bench/bench_attention.py "$out" ${SMLA_BENCH_ARGS:-} > "$out/bench-attention.log" 2>&1 \
+      || echo "bench_attention exit $?" | tee -a "$out/bench-attention.log"
+    timeout 150 python3 bench/indexer/bench_indexer.py "$out" ${SMLA_BENCH_ARGS:-} > "$out/bench-indexer.log" 2>&1 \
+      || echo "bench_indexer exit $?" | tee -a "$out/bench-indexer.log"
+    python3 bench/summarize.py "$out" || true
+    exit $rc
+    ;;
   bench)  # carry .gpu-port/kern: the benchmark alone (also part of `kernels`)
     timeout 150 python3 bench/bench_sparse_mla.py --prewarm 14 --out "$out/bench" \
       > "$out/bench.log" 2>&1 || echo "bench exit $?" | tee -a "$out/bench.log"

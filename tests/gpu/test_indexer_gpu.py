@@ -180,7 +180,8 @@ def attention_compare(smla, latent, q_lat, req_of_row, bt, top_o, top_d, ov, ref
                                              torch.ones_like(ref, dtype=torch.bool)))
 
 
-def run_prefill_case(idx, smla, dg, ops, device, ctx_lens, q_lens, seed, ref_rows=8):
+def run_prefill_case(idx, smla, dg, ops, device, ctx_lens, q_lens, seed, ref_rows=8,
+                     fp8_mma=None):
     """One prefill chunk: request r has ctx_lens[r] keys in the paged cache and
     its last q_lens[r] tokens as queries (causal bounds as vLLM builds them)."""
     case = build_paged_case(device, ctx_lens, 1, H, D, BS, seed, ops)
@@ -207,11 +208,12 @@ def run_prefill_case(idx, smla, dg, ops, device, ctx_lens, q_lens, seed, ref_row
     else:
         q_fp8, wq = quant_q(q, w, D ** -0.5, H ** -0.5)
 
-    ours = idx.mqa_logits(q_fp8, k_codes, k_scale, wq, ks, ke, clean_logits=True)
+    ours = idx.mqa_logits(q_fp8, k_codes, k_scale, wq, ks, ke, clean_logits=True, fp8_mma=fp8_mma)
     theirs = dg.mqa_logits(q_fp8, k_codes, k_scale, wq, ks, ke)
     n = torch.arange(N, device=device)
     inside = (n[None] >= ks[:, None]) & (n[None] < ke[:, None])
-    fig = dict(case="prefill", ctx_lens=list(ctx_lens), q_lens=list(q_lens), rows=M, keys=N,
+    fig = dict(case="prefill", path=PATHS[fp8_mma], ctx_lens=list(ctx_lens), q_lens=list(q_lens),
+               rows=M, keys=N,
                heads=H, dim=D, topk=TOPK,
                logits_rel_vs_deepgemm=finite_rel_diff(ours, theirs, inside),
                ours_inf_outside=bool(torch.isneginf(ours[~inside]).all()),
@@ -239,16 +241,17 @@ def run_prefill_case(idx, smla, dg, ops, device, ctx_lens, q_lens, seed, ref_row
     return fig
 
 
-def run_decode_case(idx, smla, dg, ops, device, lens, next_n, seed, max_model_len, ref_reqs=3):
+def run_decode_case(idx, smla, dg, ops, device, lens, next_n, seed, max_model_len, ref_reqs=3,
+                    fp8_mma=None):
     case = build_paged_case(device, lens, next_n, H, D, BS, seed, ops, max_model_len=max_model_len)
     B = len(lens)
     ours = idx.paged_mqa_logits(case["q_fp8"], case["kv"], case["w"], case["lens2d"], case["bt"],
-                                max_model_len, clean_logits=True)
+                                max_model_len, clean_logits=True, fp8_mma=fp8_mma)
     theirs = dg.paged(case["q_fp8"], case["kv"], case["w"], case["lens2d"], case["bt"],
                       max_model_len)
     n = torch.arange(max_model_len, device=device)
     inside = n[None] < case["lens2d"].reshape(-1, 1)
-    fig = dict(case="decode", batch=B, next_n=next_n, max_ctx=max(lens), min_ctx=min(lens),
+    fig = dict(case="decode", path=PATHS[fp8_mma], batch=B, next_n=next_n, max_ctx=max(lens), min_ctx=min(lens),
                max_model_len=max_model_len, heads=H, dim=D, topk=TOPK,
                cache_writer="indexer_k_quant_and_cache" if ops is not None else "reference",
                logits_rel_vs_deepgemm=finite_rel_diff(ours, theirs, inside),
@@ -282,6 +285,10 @@ def run_decode_case(idx, smla, dg, ops, device, lens, next_n, seed, max_model_le
     fig.update(attention_compare(smla, latent, q_lat, req, case["bt"], top_o, top_d, ov,
                                  torch.arange(min(4, R), device=device)))
     return fig
+
+
+# fp8_mma argument -> the path name in the figures (None: the wrapper's choice)
+PATHS = {True: "fp8-mma", False: "software", None: "default"}
 
 
 def check_fig(fig):
@@ -353,17 +360,68 @@ def test_cache_layout_matches_vllm_writer(ops, idx):
     ([65536], [512]),              # last tokens of a 64k prompt
     ([4096, 16384, 333], [256, 256, 333]),  # ragged multi-request chunk
 ])
-def test_prefill_vs_deepgemm(idx, smla, dg, ops_or_none, ctx_lens, q_lens):
-    fig = run_prefill_case(idx, smla, dg, ops_or_none, "cuda", ctx_lens, q_lens, seed=10)
+@pytest.mark.parametrize("fp8_mma", [True, False], ids=["fp8-mma", "software"])
+def test_prefill_vs_deepgemm(idx, smla, dg, ops_or_none, ctx_lens, q_lens, fp8_mma):
+    fig = run_prefill_case(idx, smla, dg, ops_or_none, "cuda", ctx_lens, q_lens, seed=10,
+                           fp8_mma=fp8_mma)
     record(**fig)
     check_fig(fig)
 
 
+@pytest.mark.parametrize("fp8_mma", [True, False], ids=["fp8-mma", "software"])
 @pytest.mark.parametrize("next_n", [1, 2])
-def test_decode_vs_deepgemm(idx, smla, dg, ops_or_none, next_n):
+def test_decode_vs_deepgemm(idx, smla, dg, ops_or_none, next_n, fp8_mma):
     g = torch.Generator().manual_seed(20 + next_n)
     lens = [65536, 1, 2048, 2049] + torch.randint(2, 65536, (28,), generator=g).tolist()
     fig = run_decode_case(idx, smla, dg, ops_or_none, "cuda", lens, next_n, seed=30 + next_n,
-                          max_model_len=65536)
+                          max_model_len=65536, fp8_mma=fp8_mma)
     record(**fig)
     check_fig(fig)
+
+
+def topk_value_errors(logits: torch.Tensor, lens: torch.Tensor, idx: torch.Tensor, k: int):
+    """Rows whose returned top-k values (as a multiset) differ from
+    torch.topk's over [0, len): index sets may differ among ties, values not."""
+    bad = []
+    for r in range(logits.shape[0]):
+        L = int(lens[r])
+        want = torch.topk(logits[r, :L], min(k, L)).values.sort().values
+        got_idx = idx[r][idx[r] >= 0].long()
+        got = logits[r, got_idx].sort().values
+        if got_idx.numel() != want.numel() or not torch.equal(got, want):
+            bad.append(r)
+    return bad
+
+
+@pytest.mark.parametrize("rows,ctx,k,kind", [
+    (64, 16384, 2048, "near-ties"), (64, 16384, 512, "near-ties"), (128, 4096, 2048, "near-ties"),
+    (64, 65536, 2048, "near-ties"), (64, 65536, 2048, "relu"), (32, 65536, 2048, "ragged"),
+])
+def test_decode_topk_exact(ops, rows, ctx, k, kind):
+    """The decode top-k the series chooses on sm80-121 (top_k_per_row_decode)
+    returns exactly torch.topk's values, on rows built to defeat candidate
+    buffering (values within 1e-6 of each other, many exact zeros, ragged
+    lengths); vLLM 0.26.0's persistent_topk (kept where upstream picks it,
+    sm90/sm100) is recorded beside it, not asserted."""
+    g = torch.Generator(device="cuda").manual_seed(rows + ctx + k)
+    if kind == "near-ties":
+        logits = 1.0 + 1e-6 * torch.rand((rows, ctx), generator=g, device="cuda")
+    else:
+        logits = torch.relu(torch.randn((rows, ctx), generator=g, device="cuda") - 2)
+    if kind == "ragged":
+        lens = torch.randint(1, ctx + 1, (rows,), generator=g, device="cuda", dtype=torch.int32)
+        lens[0] = ctx
+    else:
+        lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
+    idx = torch.full((rows, k), -1, dtype=torch.int32, device="cuda")
+    ops.topk_decode(logits, 1, lens, idx, rows, logits.stride(0), logits.stride(1), k)
+    bad = topk_value_errors(logits, lens, idx, k)
+    fig = dict(case="decode_topk_exact", kind=kind, rows=rows, ctx=ctx, k=k,
+               top_k_per_row_decode_wrong_rows=len(bad))
+    if ops.persistent_topk is not None:
+        idx_p = torch.full((rows, k), -1, dtype=torch.int32, device="cuda")
+        ws = torch.empty(1024 * 1024, dtype=torch.uint8, device="cuda")
+        ops.persistent_topk(logits, lens, idx_p, ws, k, ctx)
+        fig["persistent_topk_wrong_rows"] = len(topk_value_errors(logits, lens, idx_p, k))
+    record(**fig)
+    assert not bad, fig
