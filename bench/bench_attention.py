@@ -58,6 +58,8 @@ HEADS = [8, 16, 64, 128]
 TOKENS = [1, 64, 1024, 4096]
 GRAPH_MAX_TOKENS = 64
 FP8_ROW = row_bytes(R, P)
+SWEEP = [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2), (64, 8, 3), (32, 8, 2), (16, 4, 3),
+         (128, 8, 2)]
 
 
 def bench(fn, graph: bool) -> float:
@@ -183,6 +185,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out_dir")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also time other launch configs")
     args = ap.parse_args()
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -241,6 +244,26 @@ def main() -> None:
                 print(json.dumps(r), flush=True)
                 del ours
                 torch.cuda.empty_cache()
+    if args.sweep:
+        for cache, H, T in (("bfloat16", 8, 4096), ("bfloat16", 16, 1024), ("bfloat16", 64, 4096),
+                            ("bfloat16", 128, 1024), ("fp8_ds_mla", 8, 4096),
+                            ("fp8_ds_mla", 64, 1024)):
+            kv = caches[cache]
+            ql, qpe = engine_query(T, H, gen)
+            slots = torch.randint(0, NUM_BLOCKS * BS, (T, TOPK), generator=gen, device="cuda",
+                                  dtype=torch.int32)
+            ours = Ours(mod, kv, T, H, cache)
+            for bn, w, st in SWEEP:
+                cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st)
+                try:
+                    us = bench(lambda: mod.sparse_mla_fwd(
+                        ql, kv, slots, SCALE, kv_lora_rank=R, q_pe=qpe, config=cfg,
+                        **ours.kw), False)
+                except Exception as e:
+                    us = repr(e)[:80]
+                r = dict(call="sweep", cache=cache, heads=H, tokens=T, **cfg, ours_us=us)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
     # host time of one eager call, engine form, 1 token
     for cache, kv in caches.items():
         for H in (8, 64):

@@ -117,10 +117,52 @@ def decode_topk(ops, logits, next_n, lens2d, out):
     ops.topk_decode(logits, next_n, lens2d, out, R, logits.stride(0), logits.stride(1), TOPK)
 
 
+SWEEP_DECODE = [dict(BLOCK_N=n, num_warps=w, num_stages=st, keys_per_program=kp)
+                for n, w, st, kp in ((64, 4, 4, None), (64, 4, 6, None), (128, 4, 3, None),
+                                     (128, 4, 4, None), (128, 8, 4, None), (64, 4, 4, 512),
+                                     (64, 4, 4, 4096), (128, 4, 4, 4096), (64, 8, 6, None))]
+SWEEP_PREFILL = [dict(QROWS=q, BLOCK_N=n, num_warps=w, num_stages=st)
+                 for q, n, w, st in ((2, 128, 8, 3), (4, 128, 8, 3), (2, 128, 8, 4), (1, 128, 4, 3),
+                                     (2, 64, 4, 3), (4, 64, 4, 3), (4, 128, 8, 2), (8, 64, 8, 3))]
+
+
+def sweep(idx, ops, emit, bw):
+    """Launch configs beside the defaults (tuning data, same inputs)."""
+    qf, kc, ksc, wq, ks, ke = prefill_inputs(ops, [65536], [512], 100)
+    for mma in (True, False):
+        for cfg in SWEEP_PREFILL:
+            try:
+                us = bench(lambda: idx.mqa_logits(qf, kc, ksc, wq, ks, ke, clean_logits=False,
+                                                  fp8_mma=mma, config=cfg))
+            except Exception as e:  # e.g. out of shared memory
+                us = repr(e)[:80]
+            emit(dict(kind="sweep-prefill", queries=512, context=65536, fp8_mma=mma, **cfg,
+                      ours_us=us))
+    del qf, kc, ksc, wq
+    for B, ctx in ((32, 65536), (1, 65536)):
+        case = build_paged_case("cuda", [ctx] * B, 1, H, D, BS, 400, ops,
+                                max_model_len=MAX_MODEL_LEN)
+        a = (case["q_fp8"], case["kv"], case["w"], case["lens2d"], case["bt"], MAX_MODEL_LEN)
+        nbytes = B * ctx * KEY_BYTES + B * (H * D + 4 * MAX_MODEL_LEN)
+        for mma in (True, False):
+            for cfg in SWEEP_DECODE:
+                cfg = {k: v for k, v in cfg.items() if v is not None}
+                try:
+                    us = bench(lambda: idx.paged_mqa_logits(*a, clean_logits=False, fp8_mma=mma,
+                                                            config=cfg), graph=True)
+                    pct = 100 * nbytes / (us * 1e-6) / (bw * 1e12)
+                except Exception as e:
+                    us, pct = repr(e)[:80], None
+                emit(dict(kind="sweep-decode", batch=B, context=ctx, fp8_mma=mma, **cfg,
+                          ours_us=us, pct_copy_bw=pct))
+        del case, a
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_dir")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also time other launch configs")
     args = ap.parse_args()
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -213,6 +255,8 @@ def main():
         del case, a
         torch.cuda.empty_cache()
 
+    if args.sweep:
+        sweep(idx, ops, emit, bw)
     res = dict(copy_tbps=bw, device=torch.cuda.get_device_name(0), torch=torch.__version__,
                triton=triton.__version__, rows=rows)
     (out_dir / "indexer.json").write_text(json.dumps(res, indent=1) + "\n")
