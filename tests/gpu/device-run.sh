@@ -159,7 +159,11 @@ case "$phase" in
       || echo "bench_attention exit $?" | tee -a "$out/bench-attention.log"
     timeout 150 python3 bench/indexer/bench_indexer.py "$out" ${SMLA_BENCH_ARGS:-} > "$out/bench-indexer.log" 2>&1 \
       || echo "bench_indexer exit $?" | tee -a "$out/bench-indexer.log"
-    python3 bench/summarize.py "$out" || true
+    python3 bench/summarize.py "$out" | tee "$out/summary.txt" || true
+    # everything in one archive, the summaries beside it (<= 8 files come back)
+    tar -C "$out" -cJf /tmp/smla-speed-logs.tar.xz . && mv /tmp/smla-speed-logs.tar.xz "$out/logs.tar.xz"
+    find "$out" -mindepth 1 -not -name logs.tar.xz -not -name '*.json' -not -name summary.txt \
+      -not -name gpu-tests-speed.log -not -name 'gpu-env-*' -delete
     exit $rc
     ;;
   bench)  # carry .gpu-port/kern: the benchmark alone (also part of `kernels`)

@@ -54,7 +54,11 @@ ATTN_DTYPE = torch.bfloat16  # the models' activation dtype
 # Bounds; the measured figures go to the JSONL. First H200 run: ours vs float64
 # ~1e-7, DeepGEMM vs float64 ~2e-4 (its fp8 tensor-core accumulation), so
 # ours vs DeepGEMM is bounded by DeepGEMM's own error.
-LOGITS_REL_F64 = 1e-5  # ours vs float64
+LOGITS_REL_F64 = 1e-5  # ours vs float64 (software path: exact products, fp32 sums)
+# fp8 tensor-core dots accumulate with fewer bits than fp32 (as DeepGEMM's:
+# its own error vs float64 is ~2e-4 on these cases): the fp8-mma path's bound,
+# and at most twice DeepGEMM's error on the same case.
+LOGITS_REL_F64_MMA = 5e-4
 LOGITS_REL_DG = 1e-3  # ours vs DeepGEMM
 MIN_MEAN_OVERLAP = 0.999
 ATTN_REL_F64 = 5e-3  # bf16 sparse-MLA output (our top-k) vs float64 on the same slots
@@ -293,7 +297,11 @@ PATHS = {True: "fp8-mma", False: "software", None: "default"}
 
 def check_fig(fig):
     assert fig["ours_inf_outside"] and fig["ours_finite_inside"], fig
-    assert fig["logits_rel_ours_vs_f64"] < LOGITS_REL_F64, fig
+    if fig["path"] == "software":
+        assert fig["logits_rel_ours_vs_f64"] < LOGITS_REL_F64, fig
+    else:
+        assert fig["logits_rel_ours_vs_f64"] < LOGITS_REL_F64_MMA, fig
+        assert fig["logits_rel_ours_vs_f64"] <= 2 * fig["logits_rel_deepgemm_vs_f64"] + 1e-5, fig
     assert fig["logits_rel_vs_deepgemm"] < LOGITS_REL_DG, fig
     assert fig["topk_overlap_mean"] >= MIN_MEAN_OVERLAP, fig
     assert fig["attn_rel_ours_vs_f64"] < ATTN_REL_F64, fig

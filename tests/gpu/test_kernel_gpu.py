@@ -54,11 +54,16 @@ def smla(vllm_tree):
     return load_sparse_mla_module(vllm_tree, interpret=False)
 
 
+ENGINE_BLOCK = 64  # vLLM's block size for these backends
+
+
 @pytest.fixture(scope="module")
 def caches():
     """One 256k-slot cache per dtype, shared by the module."""
+    """vLLM's block-shaped cache, [num_blocks, 64, 576], as the backend hands it
+    to the kernel (slot s = block s // 64, row s % 64)."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    base = torch.randn(CACHE_SLOTS, D, device="cuda", generator=g)
+    base = torch.randn(CACHE_SLOTS // ENGINE_BLOCK, ENGINE_BLOCK, D, device="cuda", generator=g)
     return {dt: base.to(dt) for dt in DTYPES}
 
 
@@ -217,3 +222,21 @@ def test_split_query_pair_as_vllm_passes_it(smla, caches, dtype, heads, T):
     err = rel_err(out, ref)
     record("split_query_pair", dtype, heads, topk, T, err, err < BOUNDS[dtype])
     assert err < BOUNDS[dtype], f"rel err {err:.3e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dt)
+@pytest.mark.parametrize("heads,T", [(8, 1), (16, 64), (64, 256), (128, 3)])
+def test_cache_layouts_agree(smla, caches, dtype, heads, T):
+    """The block cache, the same blocks at twice the block stride (a
+    cross-layer layout) and the flat [slots, 576] view give the same output
+    bit for bit, and match float64."""
+    kv = caches[dtype]
+    q = make_q(T, heads, dtype, seed=heads * 7 + T)
+    slots = make_slots(T, 2048, CACHE_SLOTS, seed=T + 3, empty_rows=(1,))
+    wide = torch.zeros((kv.shape[0], 2, *kv.shape[1:]), dtype=dtype, device="cuda")
+    wide[:, 0] = kv
+    err = run_and_check(smla, "layout_block", q, kv, slots, dtype)
+    outs = [smla.sparse_mla_fwd(q, c, slots, SCALE) for c in (kv, wide[:, 0], kv.view(-1, D))]
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    record("layouts_agree", dtype, heads, 2048, T, err, True)
