@@ -58,8 +58,8 @@ HEADS = [8, 16, 64, 128]
 TOKENS = [1, 64, 1024, 4096]
 GRAPH_MAX_TOKENS = 64
 FP8_ROW = row_bytes(R, P)
-SWEEP = [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2), (64, 8, 3), (32, 8, 2), (16, 4, 3),
-         (128, 8, 2)]
+SWEEP = [(32, 4, 2, False), (32, 4, 2, True), (32, 4, 3, True), (64, 4, 2, True),
+         (64, 8, 2, True), (32, 8, 2, True), (16, 4, 2, True), (16, 4, 3, True)]
 
 
 def bench(fn, graph: bool) -> float:
@@ -245,16 +245,17 @@ def main() -> None:
                 del ours
                 torch.cuda.empty_cache()
     if args.sweep:
-        for cache, H, T in (("bfloat16", 8, 4096), ("bfloat16", 16, 1024), ("bfloat16", 64, 4096),
-                            ("bfloat16", 128, 1024), ("fp8_ds_mla", 8, 4096),
-                            ("fp8_ds_mla", 64, 1024)):
+        for cache, H, T in (("fp8_ds_mla", 8, 4096), ("fp8_ds_mla", 16, 1024),
+                            ("fp8_ds_mla", 64, 1024), ("fp8_ds_mla", 128, 1024)):
             kv = caches[cache]
             ql, qpe = engine_query(T, H, gen)
             slots = torch.randint(0, NUM_BLOCKS * BS, (T, TOPK), generator=gen, device="cuda",
                                   dtype=torch.int32)
             ours = Ours(mod, kv, T, H, cache)
-            for bn, w, st in SWEEP:
-                cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st)
+            for bn, w, st, deq in SWEEP:
+                cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st, FP8_DEQUANT=deq)
+                if T >= 1024 and H >= 64 and not deq:
+                    continue
                 try:
                     us = bench(lambda: mod.sparse_mla_fwd(
                         ql, kv, slots, SCALE, kv_lora_rank=R, q_pe=qpe, config=cfg,

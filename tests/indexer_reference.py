@@ -245,7 +245,8 @@ def compile_report(tree: Path, arch: int, configs: list[dict] | None = None) -> 
     out = []
     for cfg in configs:
         fn = mod._mqa_logits_kernel if cfg["kernel"] == "prefill" else mod._paged_mqa_logits_kernel
-        cst = dict(H=64, D=128, BLOCK_N=cfg["BLOCK_N"], CLEAN=False, FP8_MMA=cfg["FP8_MMA"])
+        cst = dict(H=64, D=128, BLOCK_N=cfg["BLOCK_N"], CLEAN=False, FP8_MMA=cfg["FP8_MMA"],
+                   PACKED=True)
         if cfg["kernel"] == "prefill":
             cst["QROWS"] = cfg["QROWS"]
         else:

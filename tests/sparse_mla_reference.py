@@ -39,6 +39,7 @@ def load_tree_module(tree: Path, rel: str, prefix: str, interpret: bool = False,
     name = prefix + ("_interp" if interpret else "_gpu")
     if name in sys.modules:
         return sys.modules[name]
+    provide_ops_package(Path(tree))
     path = Path(tree) / rel
     if missing is not None and not path.is_file():
         import pytest
@@ -49,6 +50,27 @@ def load_tree_module(tree: Path, rel: str, prefix: str, interpret: bool = False,
     spec.loader.exec_module(mod)
     sys.modules[name] = mod
     return mod
+
+
+OPS_PACKAGE = "vllm.v1.attention.ops"
+
+
+def provide_ops_package(tree: Path) -> None:
+    """Make ``vllm.v1.attention.ops.<kernel module>`` importable from `tree`
+    without running vLLM's package __init__ files (the kernel modules import
+    their shared helpers, e.g. triton_fp8_e4m3, by absolute name).  Where a
+    real ``vllm`` is already imported (the backend tests), it is used as is."""
+    import types
+
+    if "vllm" in sys.modules:
+        return
+    parts = OPS_PACKAGE.split(".")
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [str(Path(tree).joinpath(*parts[:i]))]
+        pkg.__smla_stub__ = True
+        sys.modules[name] = pkg
 
 
 def load_sparse_mla_module(tree: Path, interpret: bool = False):

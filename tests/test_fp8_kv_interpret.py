@@ -217,6 +217,22 @@ def test_kernel_fp8_paged(smla, H, K, num_splits, hw):
     run_and_check(smla, q, cache, deq, slots, num_splits=num_splits, fp8_hw=hw)
 
 
+@pytest.mark.parametrize("dequant", [False, True], ids=["codes", "dequant"])
+@pytest.mark.parametrize("H", [20, 40])
+def test_kernel_fp8_both_kernels(smla, H, dequant):
+    """Both fp8 kernels (codes into the dots; rows dequantised into the
+    16-bit kernel, the heuristic's choice for 64-head tiles) on the same
+    cache, forced either way, with and without split-K."""
+    cache, deq, filled = make_cache(4, 16, 50, seed=H + 1, block_pad=48)
+    q, slots = make_query(3, H, 40, filled, seed=H, empty_rows=(1,))
+    for ns in (1, 2):
+        run_and_check(smla, q, cache, deq, slots, num_splits=ns, fp8_hw=False,
+                      config=dict(FP8_DEQUANT=dequant))
+    want = H > 32  # 64-head tiles dequantise (interpreter: sm90's shared memory)
+    assert smla.sparse_mla_config(H, 3, 40, torch.float16, torch.device("cpu"),
+                                  "fp8_ds_mla")["FP8_DEQUANT"] == want
+
+
 def test_kernel_fp8_flat_and_split_q(smla):
     """[num_slots, 656] cache, query given as (q_nope, q_pe) strided views,
     split-K; a BLOCK_DV other than the whole latent width is refused (the fp8

@@ -57,24 +57,31 @@ def assert_logits(out, ref, clean=True):
 # fp8 e4m3fn software decode
 # ---------------------------------------------------------------------------
 
-def test_fp8_decode_all_256_codes_bit_exact(mod):
+@pytest.fixture(scope="module")
+def decode(vllm_tree, mod):
+    from e4m3_decode import decoder
+
+    return decoder(vllm_tree)
+
+
+def test_fp8_decode_all_256_codes_bit_exact(decode):
     codes = torch.arange(256, dtype=torch.uint8)
-    out = mod.fp8_e4m3_decode(codes)
+    out = decode(codes)
     ref = codes.view(torch.float8_e4m3fn).to(torch.float32)
     # bit patterns equal: covers +-0, all subnormals, 448 and both NaN codes
     assert torch.equal(out.view(torch.int32), ref.view(torch.int32))
     assert torch.isnan(out[0x7F]) and torch.isnan(out[0xFF])
     # the float8 dtype is accepted as-is, any shape
-    out2 = mod.fp8_e4m3_decode(codes.view(torch.float8_e4m3fn).reshape(16, 16))
+    out2 = decode(codes.view(torch.float8_e4m3fn).reshape(16, 16))
     assert torch.equal(out2.reshape(-1).view(torch.int32), ref.view(torch.int32))
 
 
-def test_fp8_roundtrip_through_quantised_values(mod):
+def test_fp8_roundtrip_through_quantised_values(decode):
     """encode (torch, saturating RNE) -> our decode == torch decode."""
     x = torch.cat([torch.randn(4000, generator=gen(1)) * 100,
                    torch.tensor([0.0, -0.0, 1e-9, 500.0, -500.0, 448.0, 2.0 ** -9])])
     q = x.clamp(-448, 448).to(torch.float8_e4m3fn)
-    assert torch.equal(mod.fp8_e4m3_decode(q), q.to(torch.float32))
+    assert torch.equal(decode(q), q.to(torch.float32))
 
 
 # ---------------------------------------------------------------------------
@@ -187,7 +194,7 @@ def make_paged(seed, lens_per_req, next_n, H, D, bs, num_blocks, max_blocks):
     return q_fp8.reshape(B, next_n, H, D), kv, wq, bt
 
 
-def test_cache_writer_layout(mod):
+def test_cache_writer_layout(decode):
     """The reference writer's bytes decode back to k within fp8 precision
     (the GPU test compares the writer with vLLM's compiled op)."""
     g = gen(5)
@@ -200,7 +207,7 @@ def test_cache_writer_layout(mod):
     for t, s in enumerate(slots.tolist()):
         if s < 0:
             continue
-        back = mod.fp8_e4m3_decode(codes[s // bs, s % bs]) * scales[s // bs, s % bs]
+        back = decode(codes[s // bs, s % bs]) * scales[s // bs, s % bs]
         assert (back - k[t]).abs().max() <= k[t].abs().max() * 2 ** -4
     assert (kv.view(4, -1)[:, :bs * D].reshape(-1, D)[[1, 2]] == 0).all()  # slot -1 untouched
 

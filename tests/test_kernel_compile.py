@@ -110,7 +110,8 @@ def compile_report(arch: int, configs: list[dict] | None = None) -> list[dict]:
         fwd, dt_name,
         dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="dt", slots_ptr="i32", out_ptr="dt", part_out_ptr="fp32",
              part_lse_ptr="fp32"),
-        {"D_NOPE", "D_PE", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "IEEE_DOT", "PDL"},
+        {"D_NOPE", "D_PE", "KV_BS", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "IEEE_DOT", "PDL",
+         "KV_FP8", "FP8_HW", "ROPE_DT"},
         float_names=("qk_scale",))
     if configs is None:
         configs = []
@@ -118,7 +119,8 @@ def compile_report(arch: int, configs: list[dict] | None = None) -> list[dict]:
             cfg = mod._config_for(H, 4096, 2048, dtype, 132, cap)
             configs.append(dict(cfg, H=H))
     for cfg in configs:
-        cst = dict(D_NOPE=512, D_PE=64, BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
+        cst = dict(D_NOPE=512, D_PE=64, KV_BS=64, BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
+                   KV_FP8=False, FP8_HW=False, ROPE_DT=None,
                    BLOCK_DV=cfg["BLOCK_DV"], SPLIT=bool(cfg.get("SPLIT", False)),
                    IEEE_DOT=False, PDL=bool(cfg.get("SPLIT", False)) and arch >= 90)
         label = "fwd H{} BH{} BN{} DV{}".format(cfg.get("H", "?"), cfg["BLOCK_H"], cfg["BLOCK_N"],

@@ -58,7 +58,7 @@ TOPK = (512, 1024, 2048)
 # pointers and strides that are multiples of 16 (576 / 656-byte rows, 64-slot
 # blocks, 512-wide heads, top-k 2048).  Alignment decides whether the gathers
 # become pipelined async copies, and so the shared memory a config needs.
-ALIGNED = {"q_ptr", "q_pe_ptr", "kv_ptr", "kv_rope_ptr", "slots_ptr", "out_ptr", "part_out_ptr",
+ALIGNED = {"q_ptr", "q_pe_ptr", "kv_ptr", "slots_ptr", "out_ptr", "part_out_ptr",
            "part_lse_ptr", "stride_q_t", "stride_q_h", "stride_qpe_t", "stride_qpe_h",
            "stride_kv_blk", "stride_kv_slot", "stride_s_t", "stride_o_t", "stride_o_h"}
 
@@ -87,7 +87,8 @@ def plans(mod, arch: int, kv_cache_dtype: str = "auto"):
                                                        None, None, kv_cache_dtype)
                             split = splits > 1
                             fwd.add((cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["BLOCK_DV"],
-                                     cfg["num_warps"], cfg["num_stages"], split))
+                                     cfg["num_warps"], cfg["num_stages"], split,
+                                     bool(cfg.get("FP8_DEQUANT"))))
                             if split:
                                 merge.add((max(16, triton.next_power_of_2(splits)),
                                            4 if splits <= 16 else 8))
@@ -115,31 +116,34 @@ def compile_matrix(arch: int) -> list[dict]:
     if arch >= 89:
         variants.append(("bf16", "fp8_ds_mla", False))
     out = []
+    import triton.language as tl
+
     for dt, kv, hw in variants:
         fp8 = kv == "fp8_ds_mla"
-        fwd = mod._sparse_mla_fwd_fp8_kernel if fp8 else mod._sparse_mla_fwd_kernel
-        cnames = ({"D_NOPE", "D_PE", "BLOCK_H", "BLOCK_N", "SPLIT", "PDL", "FP8_HW"} if fp8 else
-                  {"D_NOPE", "D_PE", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "IEEE_DOT", "PDL"})
-        sig = _signature(
-            fwd, dt,
-            # fp8: the rope is written as bf16 for either model dtype (the backend)
-            dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt", kv_rope_ptr="bf16",
-                 slots_ptr="i32", out_ptr="dt", part_out_ptr="fp32", part_lse_ptr="fp32"),
-            cnames, float_names=("qk_scale",))
-        for bh, bn, bdv, warps, stages, split in (fp8_cfgs if fp8 else fwd_cfgs):
-            if fp8:  # the fp8 kernel always covers the 512 latent columns
-                assert bdv == 512, bdv
-                cst = dict(D_NOPE=512, D_PE=64, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split,
-                           PDL=split and pdl_arch, FP8_HW=hw)
-            else:
-                cst = dict(D_NOPE=512, D_PE=64, BLOCK_H=bh, BLOCK_N=bn, BLOCK_DV=bdv, SPLIT=split,
-                           IEEE_DOT=False, PDL=split and pdl_arch)
+        for bh, bn, bdv, warps, stages, split, deq in (fp8_cfgs if fp8 else fwd_cfgs):
+            # the fp8 codes kernel, or the 16-bit kernel (also for fp8 rows
+            # dequantised to 16 bits: FP8_DEQUANT)
+            fwd = mod._sparse_mla_fwd_fp8_kernel if fp8 and not deq else mod._sparse_mla_fwd_kernel
+            cst = dict(D_NOPE=512, D_PE=64, KV_BS=64, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split,
+                       PDL=split and pdl_arch)
+            if fp8:
+                # the rope is written as bf16 for either model dtype (the backend)
+                cst.update(FP8_HW=hw, ROPE_DT=tl.bfloat16)
+                assert bdv == 512, bdv  # fp8 programs cover the 512 latent columns
+            if fwd is mod._sparse_mla_fwd_kernel:
+                cst.update(KV_FP8=fp8, FP8_HW=hw, ROPE_DT=tl.bfloat16 if fp8 else None)
+            if not (fp8 and not deq):
+                cst.update(BLOCK_DV=bdv, IEEE_DOT=False)
+            sig = _signature(fwd, dt, dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt",
+                                           slots_ptr="i32", out_ptr="dt", part_out_ptr="fp32",
+                                           part_lse_ptr="fp32"),
+                             set(cst), float_names=("qk_scale",))
             k = triton.compile(ASTSource(fn=fwd, signature=sig, constexprs=cst,
                                          attrs=_runtime_attrs(fwd)), target=target,
                                options=dict(num_warps=warps, num_stages=stages))
             rec = dict(arch=arch, kernel="fwd", dtype=dt, kv=kv,
-                       decode=("hw" if hw else "sw") if fp8 else "-", BLOCK_H=bh, BLOCK_N=bn,
-                       BLOCK_DV=bdv, num_warps=warps, num_stages=stages, split=split,
+                       decode=("hw" if hw else "sw") if fp8 else "-", dequant=deq, BLOCK_H=bh,
+                       BLOCK_N=bn, BLOCK_DV=bdv, num_warps=warps, num_stages=stages, split=split,
                        pdl=cst["PDL"], shared=int(k.metadata.shared))
             _finish(rec, k)
             out.append(rec)
@@ -203,6 +207,9 @@ def test_every_heuristic_config_compiles(children, arch):
     if arch >= 89:
         want.add(("bf16", "fp8_ds_mla", "sw"))
     assert kinds == want, kinds
+    # 64-head fp8 tiles dequantise into the 16-bit kernel wherever 64-head
+    # tiles fit (not on the ~99 KB parts)
+    assert any(x["dequant"] for x in fwd) == (SMEM_LIMIT[arch] > 110_000), arch
     assert any(x["kernel"] == "merge" for x in recs)
     too_big = [x for x in recs if x["shared"] > x["smem_limit"]]
     assert not too_big, too_big

@@ -30,8 +30,9 @@ PY
 xz -T0 -9 --x86 --lzma2=preset=9 -f "$out/so/_C_stable_libtorch.abi3.so"
 
 cp "$tree"/vllm/__init__.py "$out/kern/vllm/"  # tests check for a vLLM tree by this file
-# triton_sparse_mla.py loads its sibling triton_dsa_indexer.py (the shared software e4m3 decode)
-cp "$tree"/vllm/v1/attention/ops/triton_{sparse_mla,dsa_indexer,decode_attention}.py \
+# the kernel modules import their shared e4m3 helpers (triton_fp8_e4m3.py) by absolute name;
+# the tests provide the package path (tests/sparse_mla_reference.py::provide_ops_package)
+cp "$tree"/vllm/v1/attention/ops/triton_{sparse_mla,dsa_indexer,fp8_e4m3,decode_attention}.py \
   "$out/kern/vllm/v1/attention/ops/"
 
 git -C "$tree" ls-files vllm | grep -v '\.\(md\|png\|jpg\)$' | "$py" -c '

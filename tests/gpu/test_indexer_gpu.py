@@ -313,16 +313,23 @@ def check_fig(fig):
 # tests
 # ---------------------------------------------------------------------------
 
-def test_fp8_decode_all_codes_gpu(idx):
+@pytest.mark.parametrize("packed", [False, True], ids=["elementwise", "packed"])
+def test_fp8_decode_all_codes_gpu(idx, vllm_tree, packed):
+    """Both software decodes (the element-wise one and the four-codes PTX one
+    the software logits path uses) give every e4m3fn number bit-exactly."""
+    from e4m3_decode import decoder
+
     codes = torch.arange(256, dtype=torch.uint8, device="cuda")
-    out = idx.fp8_e4m3_decode(codes)
+    out = decoder(vllm_tree)(codes, packed=packed)
     ref = codes.view(torch.float8_e4m3fn).float()
     nan = torch.isnan(ref)
-    # every number bit-exact (+-0 and subnormals included); the two NaN codes
-    # NaN (the GPU's fp16->fp32 conversion canonicalises the NaN payload)
+    # every number bit-exact (+-0 and subnormals included)
     assert torch.equal(out[~nan].view(torch.int32), ref[~nan].view(torch.int32))
-    assert torch.equal(torch.isnan(out), nan) and int(nan.sum()) == 2
-    record(case="fp8_decode_256", numbers_bit_exact=True, nan_codes_nan=True)
+    if packed:  # the NaN codes give +-480 (vLLM's writers never emit them)
+        assert out[0x7F] == 480.0 and out[0xFF] == -480.0
+    else:  # NaN (the GPU's fp16->fp32 conversion canonicalises the payload)
+        assert torch.equal(torch.isnan(out), nan) and int(nan.sum()) == 2
+    record(case="fp8_decode_256", packed=packed, numbers_bit_exact=True)
 
 
 def test_query_quant_matches_vllm_op(ops):
