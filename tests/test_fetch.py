@@ -58,7 +58,7 @@ def test_pin_save_keeps_comments(tmp_path):
     path = tmp_path / "pin.txt"
     path.write_text(src.read_text())
     p = pin_mod.load(path)
-    pin_mod.save(path, p.with_changes(version="0.17.0"))
+    pin_mod.save(path, p.with_changes(version="0.17.0", sdist="vllm-0.17.0.tar.gz"))
     assert pin_mod.load(path).version == "0.17.0"
     assert [l for l in path.read_text().splitlines() if l.startswith("#")] == \
         [l for l in src.read_text().splitlines() if l.startswith("#")]
