@@ -1,13 +1,18 @@
 """The `smla` command line: parse arguments, call the library, print.
 
-Errors are caught once, here: an SmlaError prints `error:` and `hint:` and
-exits with its own code (see smla.errors).
+Errors are caught once, here (`_Group.main` for click's usage errors,
+`_handle_errors` inside each command): an SmlaError prints `error:` and
+`hint:` on stderr, or one JSON object on stdout under --json, and exits with
+its own code (see smla.errors). Click's usage errors become UsageError (2),
+Ctrl-C and SIGTERM become Interrupted (130 / 143, after the scratch files
+are removed), and an OSError nothing else caught becomes FilesystemError (15).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -18,12 +23,43 @@ from smla import apply as apply_mod
 from smla import export as export_mod
 from smla import status as status_mod
 from smla import treestate
-from smla.errors import NotInSync, SmlaError, UsageError, cmd
+from smla.errors import FilesystemError, Interrupted, NotInSync, SmlaError, UsageError, cmd
 from smla.project import TREE_ENV, Project
+
+# The signal that stopped the run (SIGINT for Ctrl-C, SIGTERM): its exit code is 128 + it.
+_stopped_by = [signal.SIGINT]
+
+
+def _on_sigterm(signum, _frame):
+    _stopped_by[0] = signum
+    raise KeyboardInterrupt  # unwinds like Ctrl-C: every `finally` (scratch worktrees, temp dirs) runs
+
+
+def _emit(exc: SmlaError, as_json: bool) -> None:
+    if as_json:
+        if not getattr(exc, "reported", False):
+            click.echo(report.to_json(exc.to_dict()), nl=False)
+        return
+    click.secho(f"error: {exc.message}", fg="red", err=True)
+    if exc.hint:
+        click.echo(f"hint: {exc.hint}", err=True)
+
+
+def _as_smla_error(exc: BaseException) -> SmlaError:
+    """What the edge reports for anything that is not an SmlaError yet."""
+    if isinstance(exc, KeyboardInterrupt):
+        sig = _stopped_by[0]
+        err = Interrupted(f"interrupted ({signal.Signals(sig).name})")
+        err.exit_code = 128 + int(sig)
+        return err
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        return FilesystemError(f"{exc.strerror or exc}{where}")
+    raise exc
 
 
 def _handle_errors(fn):
-    """Catch SmlaError once: `error:` + `hint:` on stderr (or one JSON object on stdout under --json),
+    """Catch errors once: `error:` + `hint:` on stderr (or one JSON object on stdout under --json),
     exit with the error's code. Download progress is off under --json."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -32,15 +68,46 @@ def _handle_errors(fn):
             with cache.no_progress() if as_json else contextlib.nullcontext():
                 return fn(*args, **kwargs)
         except SmlaError as exc:
-            if as_json:
-                click.echo(report.to_json(exc.to_dict()), nl=False)
-            else:
-                click.secho(f"error: {exc.message}", fg="red", err=True)
-                if exc.hint:
-                    click.echo(f"hint: {exc.hint}", err=True)
-            sys.exit(exc.exit_code)
+            err = exc
+        except (KeyboardInterrupt, OSError) as exc:
+            err = _as_smla_error(exc)
+        _emit(err, as_json)
+        sys.exit(err.exit_code)
 
     return wrapper
+
+
+class _Group(click.Group):
+    """The top-level group: click's own usage errors (unknown options, bad values) go through the
+    same edge as SmlaError, as JSON when --json was given; SIGTERM unwinds like Ctrl-C."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        argv = list(sys.argv[1:] if args is None else args)
+        as_json = "--json" in argv
+        try:
+            before = signal.signal(signal.SIGTERM, _on_sigterm)
+        except ValueError:  # not the main thread
+            before = None
+        try:
+            rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+            if not standalone_mode:
+                return rv
+            sys.exit(rv if isinstance(rv, int) else 0)  # --help / --version: 0
+        except click.exceptions.NoArgsIsHelpError as exc:  # bare `smla`: the help, as click prints it
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            words = ["smla", *exc.ctx.command_path.split()[1:]] if getattr(exc, "ctx", None) else ["smla"]
+            err: SmlaError = UsageError(exc.format_message(), hint=f"{cmd(*words, '--help')} lists the options")
+        except click.exceptions.Abort:
+            err = _as_smla_error(KeyboardInterrupt())
+        except KeyboardInterrupt as exc:
+            err = _as_smla_error(exc)
+        finally:
+            if before is not None:
+                signal.signal(signal.SIGTERM, before)
+        _emit(err, as_json)
+        sys.exit(err.exit_code)
 
 
 def _locked(fn):
@@ -114,7 +181,7 @@ def global_options(*, tree: bool = True):
     return deco
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), help=root_help)
 @click.option("--tree", type=click.Path(file_okay=False, path_type=Path), help=tree_help)
 @click.option("-v", "--verbose", count=True, help=verbose_help)
@@ -177,6 +244,7 @@ def apply_cmd(c: Ctx, force, fuzz, as_json):
     was built (and the tree holds no unexported commits), the patch commits
     are rebuilt from the base and the changed patches are named.
     """
+    c.project.pin()  # a broken pin is an error for every command, not only for fetch
     s = _series(c)
     echo = (lambda *_: None) if as_json else click.echo
     result = apply_mod.apply_series(s, c.tree, force=force, fuzz=fuzz, echo=echo)
@@ -189,15 +257,17 @@ def apply_cmd(c: Ctx, force, fuzz, as_json):
 @main.command()
 @click.option("--source", "source_", default="auto", show_default=True, metavar="auto|git|sdist|PATH",
               help="As for `fetch`.")
+@click.option("--force", is_flag=True,
+              help="As for `apply`: apply even though the tree has uncommitted changes (make patch ARGS=--force).")
 @global_options()
 @pass_ctx
 @_handle_errors
 @_locked
-def patch(c: Ctx, source_):
+def patch(c: Ctx, source_, force):
     """fetch + apply: the pinned vLLM with the series applied (what `make patch` runs)."""
     s = _series(c)
     source.fetch(c.project.pin(), c.tree, source_, echo=click.echo)
-    apply_mod.apply_series(s, c.tree, echo=click.echo)
+    apply_mod.apply_series(s, c.tree, force=force, echo=click.echo)
     click.echo(f"patched tree: {c.tree}")
 
 
@@ -218,9 +288,8 @@ def status(c: Ctx, as_json, check):
     s = _series(c, allow_empty=True)
     data = status_mod.status(c.project.pin(), c.tree, s)
     click.echo(report.to_json(data) if as_json else status_mod.text(data), nl=False)
-    if check and not data["in_sync"]:
-        click.echo(f"error: the work tree does not equal patches/ ({data['state']})", err=True)
-        sys.exit(NotInSync.exit_code)
+    if check:
+        status_mod.check(data)
 
 
 @main.command()
@@ -236,6 +305,7 @@ def status(c: Ctx, as_json, check):
 @_locked
 def export(c: Ctx, allow_dirty, prune, force, as_json):
     """Regenerate patches/*.patch and patches/series from the commits above the base."""
+    c.project.pin()
     result = export_mod.export(c.tree, c.project.patches_dir, allow_dirty=allow_dirty, prune=prune, force=force)
     data = result.to_dict()
     click.echo(report.to_json(data) if as_json else report.export_text(data), nl=False)
@@ -382,6 +452,7 @@ def explain(c: Ctx, model, capability, dtype, kv_cache_dtype, heads, tp, tree_sp
     """
     from smla import explain as explain_mod
 
+    c.project.pin()
     if matrix:
         fixed = [name for name, given in (("--capability", capability is not None), ("--dtype", dtype != "auto"),
                                           ("--kv-cache-dtype", kv_cache_dtype != "auto"),

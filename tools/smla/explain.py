@@ -166,8 +166,11 @@ def pristine_tree(work_tree: Path) -> Path:
     if (dest / "vllm" / "__init__.py").is_file():
         log.info("cached pristine tree: %s", dest)
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{base[:12]}.", suffix=".part"))
+    cache.writable_dir(dest.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{base[:12]}.", suffix=".part"))
+    except OSError as exc:
+        raise cache.unwritable(dest.parent, exc) from exc
     try:
         archive = tmp / "base.tar"
         proc.git(work_tree, "archive", "--format=tar", f"--output={archive}", base, "vllm")
@@ -202,7 +205,25 @@ def explain_many(jobs: list[tuple[Path, list[Case]]]) -> list[list[dict[str, Any
     for results in out:
         for r in results:
             _check(r)
+            _below_series_floor(r)
     return out
+
+
+# The series' Triton kernels (attention and indexer) are built and tested for sm80+ (bf16/fp16 tensor
+# cores); below it no backend is valid, and the indexer's "triton" answer would describe nothing that runs.
+SERIES_MIN_CAPABILITY = (8, 0)
+
+
+def _below_series_floor(r: dict[str, Any]) -> None:
+    ix = r.get("indexer")
+    if not ix or ix.get("path") != "triton" or not _CAP_RE.match(str(r.get("capability", ""))):
+        return
+    major, minor = (int(x) for x in r["capability"].split("."))
+    if (major, minor) >= SERIES_MIN_CAPABILITY:
+        return
+    r["indexer"] = {**ix, "path": "none",
+                    "reason": f"no indexer kernel runs at compute capability {r['capability']}: the series' "
+                              "portable Triton kernels need 8.0+, DeepGEMM 9.0+"}
 
 
 def explain(tree: Path, case: Case) -> dict[str, Any]:
@@ -211,7 +232,9 @@ def explain(tree: Path, case: Case) -> dict[str, Any]:
 
 def _check(r: dict[str, Any]) -> None:
     if r.get("input_error"):
-        raise UsageError(f"{r['preset']}: {r['input_error']}")
+        raise UsageError(f"{r['preset']}: {r['input_error']}",
+                         hint="check --tp (it must divide the model's attention heads), --heads, --dtype and "
+                              "--kv-cache-dtype; `smla explain --help` lists them")
     if r.get("not_mla"):
         m = r["model"]
         raise UsageError(
