@@ -34,7 +34,7 @@ from pathlib import Path
 from smla import lock, proc, treestate
 from smla.errors import ApplyError, TreeStateError, cmd
 from smla.series import Patch, Series, check_no_symlinks
-from smla.source import BASE_TAG, TreeInfo, read_tree_info, rebase_in_progress
+from smla.source import BASE_TAG, TreeInfo, lost_base_tag, read_tree_info, rebase_in_progress
 from smla.treestate import commits_above_base, dirty_files  # noqa: F401  (re-exported for callers)
 
 APPLIED = "applied"
@@ -50,9 +50,11 @@ class PatchOutcome:
     state: str
     offsets: list[str] = field(default_factory=list)
     commit: str | None = None
+    inexact: bool = False  # applied with fuzz/offsets: the commit does not export to the file's bytes
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "subject": self.subject, "state": self.state, "offsets": self.offsets}
+        return {"name": self.name, "subject": self.subject, "state": self.state, "offsets": self.offsets,
+                "inexact": self.inexact}
 
 
 @dataclass
@@ -83,6 +85,9 @@ class ApplyResult:
 def require_tree(tree: Path, *, during_rebase: bool = False) -> TreeInfo:
     """The tree's TreeInfo; refuses a missing tree and, unless `during_rebase`, a stopped rebase."""
     info = read_tree_info(tree)
+    lost = lost_base_tag(tree) if info is None else None
+    if lost is not None:
+        raise lost
     if info is None:
         raise TreeStateError(f"no smla work tree at {tree}",
                              hint=f"run {cmd('smla', 'fetch')} (or {cmd('make', 'patch')}) first")
@@ -106,13 +111,8 @@ def apply_series(series: Series, tree: Path, *, force: bool = False, fuzz: int =
 
 def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -> ApplyResult:
     info = require_tree(tree)
+    proc.sweep_scratch(tree)  # what a killed earlier run left beside the tree
     dirty = dirty_files(tree)
-    if dirty and not force:
-        shown = ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
-        raise TreeStateError(
-            f"work tree {tree} has uncommitted changes ({shown})",
-            hint=f"commit them and run {cmd('smla', 'export')}, or discard them, or rerun with --force",
-        )
     check_no_symlinks(series, tree)
     st = treestate.compare(tree, series)
     if st.kind == treestate.DIVERGED:
@@ -139,10 +139,14 @@ def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -
             o.state = UPSTREAM
     changed = [f"{n} ({how})" for n, how in st.changed.items()] + [f"{n} (removed)" for n in st.removed]
     head = proc.git_out(tree, "rev-parse", "HEAD")
+    shown = ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
     if not missing and not rebuild:
         upstream = sum(o.state == UPSTREAM for o in outcomes)
         note = f" ({upstream} already upstream)" if upstream else ""
         echo(f"all {len(outcomes)} patches already applied to {tree}{note}; nothing to do")
+        if dirty:  # nothing to apply: uncommitted edits can stay (and be tested: make test, explain)
+            echo(f"note: the tree has uncommitted changes ({shown}), not in patches/ until committed "
+                 f"({cmd('git', '-C', tree, 'commit', '-a')}) and exported ({cmd('smla', 'export')})")
         if st.edited:
             echo(f"note: the tree also has {len(st.edited)} commit(s) not in patches/: "
                  f"{cmd('smla', 'export')} saves them")
@@ -150,6 +154,14 @@ def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -
             treestate.record(tree, series, {o.name: o.commit for o in outcomes})
         return ApplyResult(tree, info.base, head, outcomes)
 
+    if dirty and not force:
+        raise TreeStateError(
+            f"work tree {tree} has uncommitted changes ({shown}), and "
+            f"{', '.join(missing) or 'the patch commits'} would have to be applied under them",
+            hint=f"commit them ({cmd('git', '-C', tree, 'commit', '-a')}) and run {cmd('smla', 'export')}; "
+                 f"or set them aside ({cmd('git', '-C', tree, 'stash')}); or apply over them with "
+                 f"{cmd('smla', 'apply', '--force')} (through make: {cmd('make', 'patch', 'ARGS=--force')})",
+        )
     # Keep the longest run of commits from the base that carries the series in order; rebuild the rest.
     start, kept, j = info.base, 0, 0
     by_commit = {c: n for n, c in st.carried.items()}
@@ -184,9 +196,14 @@ def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -
                 f"patches apply, but the work tree could not be updated: {moved.stderr.strip()}",
                 hint="your uncommitted changes conflict with the series; commit or discard them",
             )
-    treestate.record(tree, series, {o.name: o.commit for o in outcomes})
+    inexact = frozenset(o.name for o in outcomes if o.inexact)
+    treestate.record(tree, series, {o.name: o.commit for o in outcomes}, inexact=inexact)
     for o in outcomes:
         echo(_line(o))
+    if inexact:
+        echo(f"note: {', '.join(sorted(inexact))} went in with fuzz or offsets, so the tree no longer equals "
+             f"patches/: {cmd('smla', 'export')} rewrites "
+             + ("it" if len(inexact) == 1 else "them") + " from the tree (`smla status` shows it)")
     return ApplyResult(tree, info.base, proc.git_out(tree, "rev-parse", "HEAD"), outcomes,
                        rebuilt=rebuild, changed_patches=[c.split(" ", 1)[0] for c in changed])
 
@@ -205,6 +222,8 @@ def _apply_one(patch: Patch, outcome: PatchOutcome, worktree: Path, fuzz: int, t
                  patch.path.resolve())
         outcome.state = APPLIED
         outcome.commit = proc.git_out(worktree, "rev-parse", "HEAD")
+        if fuzz or outcome.offsets:  # the commit may differ from the file: say so in the record
+            outcome.inexact = treestate.render_commit(worktree, outcome.commit) != patch.path.read_bytes()
         return
     if reverse_applies(worktree, patch):
         outcome.state = UPSTREAM

@@ -81,6 +81,36 @@ def read_tree_info(tree: Path) -> TreeInfo | None:
     )
 
 
+def lost_base_tag(tree: Path) -> TreeStateError | None:
+    """The error for an smla work tree (smla.upstream is set) whose BASE_TAG is gone, with the command
+    that puts it back; None when that is not the case. Every command that meets such a tree says so
+    (status, apply, fetch, clean), instead of calling it "not an smla work tree"."""
+    if not (tree / ".git").exists() or read_tree_info(tree) is not None:
+        return None
+    upstream = proc.git(tree, "config", "--get", "smla.upstream", check=False).stdout.strip()
+    if not upstream:
+        return None
+    base = _base_candidate(tree, upstream)
+    restore = (f"put it back with {cmd('git', '-C', tree, 'tag', BASE_TAG, base)}"
+               if base else f"tag the commit that holds pristine vLLM: {cmd('git', '-C', tree, 'tag', BASE_TAG, '<commit>')}")
+    return TreeStateError(
+        f"work tree {tree} lost its {BASE_TAG} tag (the pristine vLLM commit the series sits on)",
+        hint=f"{restore}, then {cmd('smla', 'status')}; or throw the tree away with "
+             f"{cmd('smla', 'clean', '--discard')} and run {cmd('smla', 'patch')}",
+    )
+
+
+def _base_candidate(tree: Path, upstream: str) -> str | None:
+    """The base commit of a tree whose tag is gone: the upstream commit itself (git source), else the
+    newest commit whose message records `Upstream-Commit: <upstream>` (an sdist snapshot)."""
+    found = proc.git(tree, "rev-parse", "-q", "--verify", "--end-of-options", f"{upstream}^{{commit}}", check=False)
+    if found.returncode == 0:
+        return found.stdout.strip()
+    log_ = proc.git(tree, "log", "--format=%H", f"--grep=^Upstream-Commit: {upstream}", "HEAD", check=False)
+    ids = log_.stdout.split()
+    return ids[0] if ids else None
+
+
 def rebase_in_progress(tree: Path) -> bool:
     """True while a `smla rebase` is stopped in `tree` (its state file exists)."""
     if not (tree / ".git").exists():
@@ -110,6 +140,7 @@ def _fetch_locked(pin: Pin, tree: Path, source: str, *, force: bool, echo, guard
 
     from smla import treestate  # (treestate imports this module)
 
+    sweep_leftovers(tree)
     tree.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{tree.name}.", suffix=".fetching", dir=tree.parent))
     old = None
@@ -140,6 +171,17 @@ def _fetch_locked(pin: Pin, tree: Path, source: str, *, force: bool, echo, guard
     return info
 
 
+def sweep_leftovers(tree: Path) -> None:
+    """Remove what a killed run left beside `tree`: scratch worktrees (proc.sweep_scratch) and
+    half-filled or replaced trees of a fetch. Only while holding the tree's lock."""
+    if (tree / ".git").is_dir():
+        proc.sweep_scratch(tree)
+    for pattern in (f".{tree.name}.*.fetching", f".{tree.name}.*.replaced"):
+        for p in tree.parent.glob(pattern):
+            log.warning("removing %s, left behind by an interrupted fetch", p)
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def _check_target(pin: Pin, tree: Path, force: bool, guard) -> TreeInfo | None:
     """What is at `tree` and whether fetch may proceed; the tree's info when it is an smla tree at
     the pin (and not forced) or when force may replace it; None when nothing (or an empty dir) is there."""
@@ -161,7 +203,10 @@ def _check_target(pin: Pin, tree: Path, force: bool, guard) -> TreeInfo | None:
             hint=f"run {cmd('smla', 'fetch', '--force')} to replace it (refused while it holds unexported work), "
                  f"or {cmd('smla', 'rebase', '--onto', pin.version)} to move the series",
         )
-    if tree.exists() and info is None and any(tree.iterdir()):
+    lost = lost_base_tag(tree) if info is None else None
+    if lost is not None and not (force and guard is None):  # --force --discard replaces it
+        raise lost
+    if tree.exists() and info is None and lost is None and any(tree.iterdir()):
         raise TreeStateError(
             f"{tree} exists and is not an smla work tree; refusing to touch it",
             hint="choose another --tree, or remove that directory yourself",
@@ -210,8 +255,11 @@ def _fill(pin: Pin, repo: Path, source: str, echo) -> str:
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
         _from_sdist(pin, path, repo, verify=True)
         return "sdist"
-    raise FetchError(
-        f"--source {source!r}: not 'git', 'sdist', 'auto', a git checkout/mirror or an sdist file",
+    raise UsageError(
+        f"--source {source!r}: not 'git', 'sdist', 'auto', a git checkout/mirror or an sdist file"
+        + ("" if path.exists() else " (no such path)"),
+        hint="give --source auto|git|sdist, the path of a local vLLM checkout or mirror, or of a "
+             f"vllm-{pin.version}.tar.gz",
     )
 
 
@@ -226,6 +274,9 @@ def remove_tree(tree: Path, series_guard: Callable[[], object] | None) -> bool:
     if not tree.exists():
         return False
     if series_guard is not None:
+        lost = lost_base_tag(tree)
+        if lost is not None:
+            raise lost
         if read_tree_info(tree) is None and tree.is_dir() and any(tree.iterdir()):
             raise UsageError(f"{tree} is not an smla work tree; refusing to remove it",
                              hint="remove it yourself if you mean it")
@@ -235,21 +286,40 @@ def remove_tree(tree: Path, series_guard: Callable[[], object] | None) -> bool:
         from smla import treestate  # treestate imports this module
 
         treestate.check_replaceable(tree, series_guard())
+    if (tree / ".git").is_dir():
+        proc.sweep_scratch(tree)
     shutil.rmtree(tree)
     return True
 
 
 def sdist_path(pin: Pin) -> Path:
-    """The verified cached sdist of the pinned release (downloaded when missing)."""
+    """The verified cached sdist of the pinned release (downloaded when missing).
+
+    Verified against the pin: a cached file matching `sdist_sha256` is used
+    without any network. Otherwise the package index's sha256 for the file is
+    compared with the pin's first; when they differ the pin is refused (the
+    cached file, if any, is kept) with a hint naming the pin's line."""
     if not pin.has_sdist:
         raise FetchError(
             f"the pinned commit {pin.short} is not a release: no sdist holds it (sdist = none)",
             hint=f"fetch it with git: {cmd('smla', 'fetch', '--source', 'git')}, or --source PATH of a mirror",
         )
-    dest = cache.cache_dir() / "downloads" / pin.sdist
-    return cache.fetch(
-        lambda: cache.pypi_file("vllm", pin.sdist)[0], dest, pin.sdist_sha256, what=pin.sdist
-    )
+    dest = cache.downloads_dir() / pin.sdist
+    if dest.is_file() and sha256_file(dest) == pin.sdist_sha256:
+        return dest
+    url, index_sha = cache.pypi_file("vllm", pin.sdist)
+    line = pin.where("sdist_sha256")
+    if index_sha and index_sha != pin.sdist_sha256:
+        cached = dest.is_file() and sha256_file(dest) == index_sha
+        raise ChecksumError(
+            f"{pin.sdist}: the pin's sdist_sha256 ({line}) is {pin.sdist_sha256}, but the package index "
+            f"lists {index_sha}" + (f"; the cached {dest} matches the index and is kept" if cached else ""),
+            hint=f"check `sdist_sha256` at {line} (`git diff vllm-pin.txt` shows local edits); if the "
+                 f"index is right, set it to {index_sha}",
+        )
+    return cache.fetch(url, dest, pin.sdist_sha256, what=pin.sdist,
+                       mismatch_hint=f"the download was corrupted, or `sdist_sha256` at {line} is wrong; "
+                                     "run the command again, and compare the pin with the package index")
 
 
 def is_local_repo(spec: str | Path) -> bool:
@@ -342,7 +412,10 @@ def _from_sdist(pin: Pin, archive: Path, repo: Path, *, verify: bool = False) ->
     if verify:
         got = sha256_file(archive)
         if got != pin.sdist_sha256:
-            raise ChecksumError(f"{archive}: sha256 {got} does not match the pin's {pin.sdist_sha256}")
+            raise ChecksumError(f"{archive}: sha256 {got} does not match the pin's {pin.sdist_sha256} "
+                                f"({pin.where('sdist_sha256')})",
+                                hint=f"pass the sdist of vLLM {pin.version} ({pin.sdist}), or check "
+                                     f"`sdist_sha256` at {pin.where('sdist_sha256')}")
     recorded = sdist_commit(archive)
     if recorded and not pin.commit.startswith(recorded):
         raise FetchError(

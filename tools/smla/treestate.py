@@ -25,6 +25,9 @@ was built from, so a difference can be put on the right side:
   dropped   a patch unchanged since the record lost its commit -> tree edit
   pending   not applied yet (fresh tree), or no record to explain why (a
             tree made by an older smla, or its base moved, e.g. by a rebase)
+  inexact   applied with fuzz or offsets (`apply --fuzz N`): its commit does
+            not export to the file's bytes, so the record says so and the
+            commit counts as tree work (`smla export` rewrites the patch)
 Kinds (State.kind): in-sync, patches-newer (apply rebuilds), tree-edited
 (export saves), diverged (both: refused, with both ways out).
 
@@ -118,10 +121,18 @@ def read_record(tree: Path) -> dict | None:
     return data if data.get("base") == base.stdout.strip() else None
 
 
-def record(tree: Path, series: Series, carried: Mapping[str, str | None]) -> None:
-    """Remember that the tree's commits carry `series`: {patch name: commit id, or None = upstream}."""
-    entries = [{"name": p.name, "sha256": _sha(p.path.read_bytes()), "commit": carried.get(p.name)}
-               for p in series.patches if p.name in carried]
+def record(tree: Path, series: Series, carried: Mapping[str, str | None], inexact: frozenset[str] = frozenset()
+           ) -> None:
+    """Remember that the tree's commits carry `series`: {patch name: commit id, or None = upstream}.
+    Patches in `inexact` went in with fuzz or offsets: their commits were made from the file but do
+    not export to its bytes."""
+    entries = []
+    for p in series.patches:
+        if p.name in carried:
+            entry = {"name": p.name, "sha256": _sha(p.path.read_bytes()), "commit": carried.get(p.name)}
+            if p.name in inexact:
+                entry["inexact"] = True
+            entries.append(entry)
     _write(tree, entries)
 
 
@@ -163,6 +174,7 @@ class State:
     pending: list[str] = field(default_factory=list)
     order_ok: bool = True
     uncommitted: list[str] = field(default_factory=list)
+    inexact: list[str] = field(default_factory=list)  # patches whose commit went in with fuzz/offsets
 
     # -- the questions commands ask
 
@@ -224,6 +236,9 @@ class State:
         if self.uncommitted:
             out.append(f"commit the uncommitted changes ({cmd('git', '-C', t, 'commit', '-a')}), then "
                        f"{cmd('smla', 'export')}")
+        elif self.inexact and len(self.inexact) == len(self.edited):
+            out.append(f"{cmd('smla', 'export')} rewrites {', '.join(self.inexact)} from the commits they made "
+                       "(applied with fuzz or offsets, they differ from the files)")
         elif self.edited:
             out.append(f"{cmd('smla', 'export')} saves the tree's commits to patches/")
         if self.dropped:
@@ -272,7 +287,7 @@ def compare(tree: Path, series: Series) -> State:
     for cid, subject in commits:
         name = None
         e = rec_by_commit.get(cid)
-        if e is not None:
+        if e is not None and not e.get("inexact"):
             name = next((n for n in data if sha[n] == e["sha256"] and n not in st.carried), None)
         if name is None:
             rendered = render_commit(tree, cid)
@@ -280,6 +295,9 @@ def compare(tree: Path, series: Series) -> State:
         if name is not None:
             st.carried[name] = cid
             commit_patch[cid] = name
+        elif e is not None and e.get("inexact"):  # made from the file with fuzz: tree work, not stale
+            st.edited.append((cid, subject))
+            st.inexact.append(e["name"])
         elif cid in rec_by_commit:
             st.stale.append((cid, subject))
         else:
@@ -351,7 +369,8 @@ def describe(st: State) -> str:
     if st.patches_newer:
         parts.append(f"patches/ changed since the tree {st.tree} was built ({st.changed_text()})")
     if st.edited:
-        parts.append(f"the tree {st.tree} has commits not in patches/ ({st.edited_text()})")
+        parts.append(f"the tree {st.tree} has commits not in patches/ ({st.edited_text()})"
+                     + (f"; {', '.join(st.inexact)} went in with fuzz or offsets" if st.inexact else ""))
     if st.uncommitted:
         shown = ", ".join(st.uncommitted[:5]) + (" ..." if len(st.uncommitted) > 5 else "")
         parts.append(f"the tree {st.tree} has uncommitted changes ({shown})")

@@ -76,6 +76,10 @@ def start(
     info = _prepare_tree(project, old_pin, series, tree, source_spec, echo)
 
     target = target_mod.resolve(kind, spec, old_pin, source_spec, upstream_commit)
+    older = target_mod.older_than(target, old_pin)
+    if older:
+        target.notes.append(older)
+        echo(f"note: {older}")
     old = {"base": info.base, "upstream_commit": info.upstream_commit, "version": info.version,
            "source": info.source, "commit_kind": old_pin.commit_kind}
     if target_mod.same_commit(target.commit, info.upstream_commit) and target.version == info.version:
@@ -271,6 +275,9 @@ def _noop(project: Project, tree: Path, old_pin: pin_mod.Pin, series, old: dict,
     outs = [Outcome(p.name, p.subject, UNCHANGED, new_names=[p.name]) for p in series.patches]
     new_pin = old_pin
     new = dict(old)
+    # What resolving the target said the pin would get (sdist = none, an abbreviated commit) does not
+    # happen on a no-op: only the source facts stay, and what really happens is said below.
+    target.notes = [n for n in target.notes if n.startswith("source:")]
     if not old_pin.commit_is_full and target.commit_kind == pin_mod.FULL:
         new_pin = old_pin.with_changes(commit=target.commit, commit_kind=pin_mod.FULL)
         pin_mod.save(project.pin_file, new_pin)
@@ -280,7 +287,10 @@ def _noop(project: Project, tree: Path, old_pin: pin_mod.Pin, series, old: dict,
         echo(f"the tree is already at vLLM {target.version}; the pin's commit {old_pin.commit} (abbreviated) "
              f"is now the full id {target.commit}")
     else:
-        echo(f"the tree is already at vLLM {target.version} ({old_pin.commit_label()}); nothing to rebase")
+        target.notes.append(f"the tree is already at vLLM {target.version} ({old_pin.commit_label()}): "
+                            "nothing rebased, the pin and patches/ are unchanged")
+        echo(f"the tree is already at vLLM {target.version} ({old_pin.commit_label()}); nothing to rebase; "
+             "the pin and patches/ are unchanged")
     return RebaseResult("noop", str(tree), old, new, target.to_dict(), outs,
                         state_mod.pin_dict(old_pin), state_mod.pin_dict(new_pin))
 
