@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from smla import treeinfo
 from smla import apply as apply_mod, cache, proc, series, source
 from smla.cli import main
 from smla.errors import ChecksumError, FetchError, NotInSync, PinError, SeriesError, TreeStateError, UsageError
@@ -186,7 +187,7 @@ def test_what_a_killed_apply_left_is_removed_by_the_next_run(proj, tmp_path, the
     assert res.exit_code == 0, res.output
     assert _leftovers(tree) == []
     if then == "apply":
-        assert _worktrees(tree) == 1 and len(apply_mod.commits_above_base(tree)) == 3
+        assert _worktrees(tree) == 1 and len(treeinfo.commits_above_base(tree)) == 3
     else:
         assert not tree.exists()
 
@@ -213,7 +214,7 @@ def test_dirty_tree_hint_names_options_that_exist(proj):
     assert "`smla apply --force`" in hint and "`make patch ARGS=--force`" in hint
     forced = cli(root, tree, "patch", "--force")  # old code: "No such option: --force"
     assert forced.exit_code == 0, forced.output
-    assert len(apply_mod.commits_above_base(tree)) == 3 and (tree / "README.md").read_text() == "mine\n"
+    assert len(treeinfo.commits_above_base(tree)) == 3 and (tree / "README.md").read_text() == "mine\n"
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
     assert "$(SMLA) patch $(ARGS)" in makefile
 

@@ -27,20 +27,14 @@ fuzzes; `fuzz` > 0 lets that many context lines at each hunk edge differ).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from smla import lock, proc, treestate
 from smla.errors import ApplyError, TreeStateError, cmd
 from smla.series import Patch, Series, check_no_symlinks
-from smla.source import BASE_TAG, TreeInfo, lost_base_tag, read_tree_info, rebase_in_progress
-from smla.treestate import commits_above_base, dirty_files  # noqa: F401  (re-exported for callers)
-
-APPLIED = "applied"
-ALREADY = "already-applied"
-UPSTREAM = "upstream"
-PENDING = "pending"
+from smla.gitapply import failed_hunks, hunk_offsets, reverse_applies
+from smla.treeinfo import ALREADY, APPLIED, PENDING, UPSTREAM, dirty_files, require_tree
 
 
 @dataclass
@@ -80,28 +74,6 @@ class ApplyResult:
             "changed_patches": self.changed_patches,
             "patches": [o.to_dict() for o in self.outcomes],
         }
-
-
-def require_tree(tree: Path, *, during_rebase: bool = False) -> TreeInfo:
-    """The tree's TreeInfo; refuses a missing tree and, unless `during_rebase`, a stopped rebase."""
-    info = read_tree_info(tree)
-    lost = lost_base_tag(tree) if info is None else None
-    if lost is not None:
-        raise lost
-    if info is None:
-        raise TreeStateError(f"no smla work tree at {tree}",
-                             hint=f"run {cmd('smla', 'fetch')} (or {cmd('make', 'patch')}) first")
-    if not during_rebase and rebase_in_progress(tree):
-        raise TreeStateError(
-            f"a `smla rebase` is stopped in {tree}",
-            hint=f"finish it with {cmd('smla', 'rebase', '--continue')} or undo it with {cmd('smla', 'rebase', '--abort')}",
-        )
-    return info
-
-
-def reverse_applies(tree: Path, patch: Patch) -> bool:
-    """True when the patch's change is already in `tree` (it reverse-applies cleanly)."""
-    return proc.git(tree, "apply", "--check", "-R", "--", patch.path.resolve(), check=False).returncode == 0
 
 
 def apply_series(series: Series, tree: Path, *, force: bool = False, fuzz: int = 0, echo=print) -> ApplyResult:
@@ -231,38 +203,6 @@ def _apply_one(patch: Patch, outcome: PatchOutcome, worktree: Path, fuzz: int, t
     raise failure(patch, check.stderr, tree)
 
 
-@dataclass(frozen=True)
-class HunkFailure:
-    """One place where `git apply` failed: a hunk (file + line) or a whole file."""
-
-    description: str  # "hunk #2 of f.py (@@ ... @@)" or "f.py: No such file or directory"
-    file: str
-    line: int | None = None
-
-    def __str__(self) -> str:
-        return self.description
-
-
-_FILE_ERRORS = "No such file or directory|already exists in working directory|does not exist in index"
-
-
-def failed_hunks(patch: Patch, stderr: str) -> list[HunkFailure]:
-    """Every failure `git apply [--check] [--reject] -v` reports in `stderr`, described with
-    the patch's own hunk headers; in order, without repeats. (The one parser: apply and rebase.)"""
-    found: list[HunkFailure] = []
-    for m in re.finditer(r"error: patch failed: (.+):(\d+)", stderr):
-        file, line = m.group(1), int(m.group(2))
-        hunk = patch.hunk_at(file, line)
-        found.append(HunkFailure(hunk.describe() if hunk else f"{file} at line {line}", file, line))
-    for m in re.finditer(rf"error: (\S+): ({_FILE_ERRORS})", stderr):
-        found.append(HunkFailure(f"{m.group(1)}: {m.group(2)}", m.group(1)))
-    unique: list[HunkFailure] = []
-    for f in found:
-        if f.description not in [u.description for u in unique]:
-            unique.append(f)
-    return unique
-
-
 def failure(patch: Patch, stderr: str, tree: Path) -> ApplyError:
     """An ApplyError naming the patch, file, hunk and line from `git apply` stderr."""
     fails = failed_hunks(patch, stderr)
@@ -281,16 +221,3 @@ def failure(patch: Patch, stderr: str, tree: Path) -> ApplyError:
             f"or fix the patch in a tree and {cmd('smla', 'export')}"
         ),
     )
-
-
-def hunk_offsets(text: str) -> list[str]:
-    """'file: Hunk #N succeeded at L (offset K lines)' for each hunk git applied off its line."""
-    found, current = [], "?"
-    for line in text.splitlines():
-        m = re.match(r"Checking patch (.+)\.\.\.$", line)
-        if m:
-            current = m.group(1)
-        m = re.match(r"(Hunk #\d+ succeeded at \d+ \(offset -?\d+ lines?\))", line)
-        if m:
-            found.append(f"{current}: {m.group(1)}")
-    return found

@@ -24,99 +24,19 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from smla import cache, lock, proc
+from smla import cache, lock, proc, treestate
 from smla.errors import ChecksumError, CommandError, FetchError, TreeStateError, UsageError, cmd
 from smla.fsutil import sha256_file, umask
 from smla.pin import Pin
+from smla.treeinfo import BASE_TAG, BRANCH, TreeInfo, lost_base_tag, read_tree_info, rebase_in_progress
 
 log = logging.getLogger("smla.source")
 
-BASE_TAG = "smla-base"
-# Where `smla rebase` keeps its state while stopped on a conflict (inside .git).
-REBASE_STATE_DIR = "smla-rebase"
-BRANCH = "smla"
 # Fixed dates make a base commit made from an sdist identical on every machine.
 FIXED_DATE = "2000-01-01T00:00:00+0000"
 FIXED_DATE_ENV = {"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE}
-
-
-@dataclass(frozen=True)
-class TreeInfo:
-    """What a work tree's git config says about it."""
-
-    path: Path
-    upstream_commit: str
-    version: str
-    source: str  # "git" or "sdist"
-    base: str  # commit id of BASE_TAG
-
-    def to_dict(self) -> dict:
-        return {
-            "path": str(self.path),
-            "upstream_commit": self.upstream_commit,
-            "version": self.version,
-            "source": self.source,
-            "base": self.base,
-        }
-
-
-def read_tree_info(tree: Path) -> TreeInfo | None:
-    """TreeInfo of an existing smla work tree, None when `tree` is not one."""
-    if not (tree / ".git").exists():
-        return None
-    cfg = proc.git(tree, "config", "--get-regexp", r"^smla\.", check=False).stdout
-    values = dict(line.split(" ", 1) for line in cfg.splitlines() if " " in line)
-    base = proc.git(tree, "rev-parse", "-q", "--verify", f"refs/tags/{BASE_TAG}^{{commit}}", check=False)
-    if "smla.upstream" not in values or base.returncode != 0:
-        return None
-    return TreeInfo(
-        path=tree,
-        upstream_commit=values["smla.upstream"],
-        version=values.get("smla.version", "?"),
-        source=values.get("smla.source", "?"),
-        base=base.stdout.strip(),
-    )
-
-
-def lost_base_tag(tree: Path) -> TreeStateError | None:
-    """The error for an smla work tree (smla.upstream is set) whose BASE_TAG is gone, with the command
-    that puts it back; None when that is not the case. Every command that meets such a tree says so
-    (status, apply, fetch, clean), instead of calling it "not an smla work tree"."""
-    if not (tree / ".git").exists() or read_tree_info(tree) is not None:
-        return None
-    upstream = proc.git(tree, "config", "--get", "smla.upstream", check=False).stdout.strip()
-    if not upstream:
-        return None
-    base = _base_candidate(tree, upstream)
-    restore = (f"put it back with {cmd('git', '-C', tree, 'tag', BASE_TAG, base)}"
-               if base else f"tag the commit that holds pristine vLLM: {cmd('git', '-C', tree, 'tag', BASE_TAG, '<commit>')}")
-    return TreeStateError(
-        f"work tree {tree} lost its {BASE_TAG} tag (the pristine vLLM commit the series sits on)",
-        hint=f"{restore}, then {cmd('smla', 'status')}; or throw the tree away with "
-             f"{cmd('smla', 'clean', '--discard')} and run {cmd('smla', 'patch')}",
-    )
-
-
-def _base_candidate(tree: Path, upstream: str) -> str | None:
-    """The base commit of a tree whose tag is gone: the upstream commit itself (git source), else the
-    newest commit whose message records `Upstream-Commit: <upstream>` (an sdist snapshot)."""
-    found = proc.git(tree, "rev-parse", "-q", "--verify", "--end-of-options", f"{upstream}^{{commit}}", check=False)
-    if found.returncode == 0:
-        return found.stdout.strip()
-    log_ = proc.git(tree, "log", "--format=%H", f"--grep=^Upstream-Commit: {upstream}", "HEAD", check=False)
-    ids = log_.stdout.split()
-    return ids[0] if ids else None
-
-
-def rebase_in_progress(tree: Path) -> bool:
-    """True while a `smla rebase` is stopped in `tree` (its state file exists)."""
-    if not (tree / ".git").exists():
-        return False
-    rel = Path(proc.git_out(tree, "rev-parse", "--git-path", f"{REBASE_STATE_DIR}/state.json"))
-    return (rel if rel.is_absolute() else tree / rel).is_file()
 
 
 def fetch(pin: Pin, tree: Path, source: str = "auto", *, force: bool = False, echo=print,
@@ -137,8 +57,6 @@ def _fetch_locked(pin: Pin, tree: Path, source: str, *, force: bool, echo, guard
     if info is not None and not force:
         echo(f"work tree {tree} is already at vLLM {pin.version} ({pin.short}); nothing to fetch")
         return info
-
-    from smla import treestate  # (treestate imports this module)
 
     sweep_leftovers(tree)
     tree.parent.mkdir(parents=True, exist_ok=True)
@@ -261,35 +179,6 @@ def _fill(pin: Pin, repo: Path, source: str, echo) -> str:
         hint="give --source auto|git|sdist, the path of a local vLLM checkout or mirror, or of a "
              f"vllm-{pin.version}.tar.gz",
     )
-
-
-def remove_tree(tree: Path, series_guard: Callable[[], object] | None) -> bool:
-    """Remove a work tree (`smla clean`); False when there is none.
-
-    With `series_guard` (a callable giving the Series), refuse a directory
-    that is not an smla work tree, a stopped rebase, and a tree holding work
-    not in patches/ (treestate.check_replaceable); without it, remove
-    whatever is there (`--discard`).
-    """
-    if not tree.exists():
-        return False
-    if series_guard is not None:
-        lost = lost_base_tag(tree)
-        if lost is not None:
-            raise lost
-        if read_tree_info(tree) is None and tree.is_dir() and any(tree.iterdir()):
-            raise UsageError(f"{tree} is not an smla work tree; refusing to remove it",
-                             hint="remove it yourself if you mean it")
-        if rebase_in_progress(tree):
-            raise UsageError(f"a `smla rebase` is stopped in {tree}",
-                             hint=f"{cmd('smla', 'rebase', '--abort')} first, or add --discard")
-        from smla import treestate  # treestate imports this module
-
-        treestate.check_replaceable(tree, series_guard())
-    if (tree / ".git").is_dir():
-        proc.sweep_scratch(tree)
-    shutil.rmtree(tree)
-    return True
 
 
 def sdist_path(pin: Pin) -> Path:

@@ -9,12 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from smla import treestate
-from smla.apply import ALREADY, PENDING, UPSTREAM, require_tree
 from smla.errors import NotInSync, cmd
 from smla.pin import Pin
 from smla.series import Series
-from smla.source import rebase_in_progress
-from smla.treestate import check_replaceable  # noqa: F401  (the fetch --force guard lives in treestate)
+from smla.treeinfo import ALREADY, PENDING, UPSTREAM, rebase_in_progress, require_tree
 
 HEADLINES = {
     treestate.IN_SYNC: "in sync: the tree's commits are exactly patches/",

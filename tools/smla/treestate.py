@@ -37,18 +37,20 @@ API (all take the tree path and a loaded series.Series):
   require_in_sync(tree, series, what, error=TreeStateError)
                                      raise unless equal (build-wheel, rebase)
   check_replaceable(tree, series)    raise if replacing the tree loses work
-                                     (fetch --force, clean)
+  keep_work(load_series) -> guard    that check as the guard fetch --force
+                                     and clean take
   record(tree, series, carried)      remember {patch name: commit or None}
                                      as the applied state (apply, export)
   record_empty(tree)                 a fresh tree holds no patches (fetch)
-  commits_above_base, dirty_files, render_commit, FORMAT_PATCH_ARGS
+  render_commit, FORMAT_PATCH_ARGS
+(the tree's plain facts, base tag, commits above it, dirty files: smla.treeinfo)
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,7 +58,7 @@ from smla import proc
 from smla.errors import SmlaError, TreeStateError, cmd
 from smla.fsutil import atomic_write_text
 from smla.series import Patch, Series
-from smla.source import BASE_TAG
+from smla.treeinfo import BASE_TAG, commits_above_base, dirty_files, read_tree_info
 
 RECORD_VERSION = 1
 IN_SYNC = "in-sync"
@@ -76,17 +78,6 @@ FORMAT_PATCH_ARGS = (
 
 
 # ----------------------------------------------------------------- git queries
-
-
-def commits_above_base(tree: Path) -> list[tuple[str, str]]:
-    """(commit id, subject) of each commit on the branch above the base, oldest first."""
-    out = proc.git(tree, "log", "--reverse", "--format=%H%x00%s", f"{BASE_TAG}..HEAD").stdout
-    return [tuple(line.split("\0", 1)) for line in out.splitlines() if line]  # type: ignore[misc]
-
-
-def dirty_files(tree: Path) -> list[str]:
-    out = proc.git(tree, "status", "--porcelain", "--untracked-files=all").stdout
-    return [line[3:] for line in out.splitlines() if line.strip()]
 
 
 def render_commit(tree: Path, commit: str) -> bytes:
@@ -381,11 +372,19 @@ def describe(st: State) -> str:
     return "; ".join(parts) or "the tree equals the series"
 
 
+Guard = Callable[[Path], None]
+
+
+def keep_work(load_series: Callable[[], Series]) -> Guard:
+    """The one guard protocol of commands that replace or remove a tree (fetch --force, clean): a
+    callable taking the tree that raises when that would lose work not in patches/ (check_replaceable).
+    The series is loaded when the guard runs, only for a tree that exists."""
+    return lambda tree: check_replaceable(tree, load_series())
+
+
 def check_replaceable(tree: Path, series: Series) -> None:
     """Refuse to replace a tree holding work not saved in patches/ (uncommitted or unexported commits).
     A tree that only lags behind patches/ loses nothing and may be replaced."""
-    from smla.source import read_tree_info
-
     if read_tree_info(tree) is None:
         return
     st = compare(tree, series)
