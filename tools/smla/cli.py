@@ -18,11 +18,12 @@ from pathlib import Path
 
 import click
 
-from smla import __version__, cache, lock, report, series, source
+from smla import __version__, cache, lock, report, series
 from smla import apply as apply_mod
+from smla import clean as clean_mod
 from smla import export as export_mod
+from smla import fetch as fetch_mod
 from smla import status as status_mod
-from smla import treestate
 from smla.errors import FilesystemError, Interrupted, NotInSync, SmlaError, UsageError, cmd
 from smla.project import TREE_ENV, Project
 
@@ -217,14 +218,7 @@ def _series(c: Ctx, *, allow_empty: bool = False) -> series.Series:
 @_locked
 def fetch(c: Ctx, source_, force, discard):
     """Make a git work tree of vLLM at the pinned commit (tag smla-base)."""
-    if discard and not force:
-        raise UsageError("--discard only goes with --force (it lets --force throw away unexported work)",
-                         hint=f"{cmd('smla', 'fetch', '--force', '--discard')}")
-    guard = None
-    if force and not discard:
-        s = _series(c, allow_empty=True)
-        guard = lambda tree: treestate.check_replaceable(tree, s)  # noqa: E731
-    source.fetch(c.project.pin(), c.tree, source_, force=force, echo=click.echo, guard=guard)
+    fetch_mod.fetch(c.project, c.tree, source_, force=force, discard=discard, echo=click.echo)
 
 
 @main.command("apply")
@@ -266,7 +260,7 @@ def apply_cmd(c: Ctx, force, fuzz, as_json):
 def patch(c: Ctx, source_, force):
     """fetch + apply: the pinned vLLM with the series applied (what `make patch` runs)."""
     s = _series(c)
-    source.fetch(c.project.pin(), c.tree, source_, echo=click.echo)
+    fetch_mod.fetch(c.project, c.tree, source_, echo=click.echo)
     apply_mod.apply_series(s, c.tree, force=force, echo=click.echo)
     click.echo(f"patched tree: {c.tree}")
 
@@ -319,8 +313,7 @@ def export(c: Ctx, allow_dirty, prune, force, as_json):
 @_locked
 def clean(c: Ctx, discard):
     """Remove the work tree (what `make clean` runs); refused while it holds work not in patches/."""
-    guard = None if discard else (lambda: _series(c, allow_empty=True))
-    removed = source.remove_tree(c.tree, guard)
+    removed = clean_mod.clean(c.project, c.tree, discard=discard)
     click.echo(f"removed {c.tree}" if removed else f"no work tree at {c.tree}; nothing to remove")
 
 
@@ -352,15 +345,9 @@ def build_wheel(c: Ctx, base_wheel, from_source, full_cuda_build, python, out_di
 
     s = series.load(c.project.patches_dir, allow_empty=True)
     echo = (lambda *_: None) if as_json else click.echo
-    kwargs = dict(base_wheel=base_wheel, allow_unexported=allow_unexported, quiet=as_json, echo=echo)
-    dest = out_dir or c.project.dist_dir
-    if from_source or full_cuda_build:
-        result = wheel_mod.build_from_source(c.project.pin(), s, c.tree, dest, full_cuda=full_cuda_build,
-                                             python=str(python) if python else None, **kwargs)
-    elif python:
-        raise UsageError("--python only applies to --from-source")
-    else:
-        result = wheel_mod.build_overlay(c.project.pin(), s, c.tree, dest, **kwargs)
+    result = wheel_mod.build(c.project.pin(), s, c.tree, out_dir or c.project.dist_dir, from_source=from_source,
+                             full_cuda=full_cuda_build, python=python, base_wheel=base_wheel,
+                             allow_unexported=allow_unexported, quiet=as_json, echo=echo)
     data = result.to_dict()
     click.echo(report.to_json(data) if as_json else wheel_mod.summary_text(data), nl=False)
 
@@ -394,28 +381,12 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
     """
     from smla import rebase as rebase_mod
 
-    if sum(map(bool, (onto, continue_, abort))) != 1:
-        raise UsageError("give exactly one of --onto COMMIT|VERSION, --continue, --abort")
     echo = (lambda *_: None) if as_json else click.echo
-    reports = dict(report_dir=report_dir, report_name=report_name)
-    try:
-        if abort:
-            result = rebase_mod.abort(c.project, c.tree, echo=echo, **reports)
-        elif continue_:
-            result = rebase_mod.continue_(c.project, c.tree, run_tests=run_tests, echo=echo, **reports)
-        else:
-            result = rebase_mod.start(c.project, c.tree, onto, source_spec=source_, upstream_commit=upstream_commit,
-                                      run_tests=run_tests, echo=echo, **reports)
-    except SmlaError as exc:
-        # A refused --onto leaves a report too (CI publishes it; an older report of that name must not look
-        # current). A refused --continue/--abort changed nothing: the stop's report stays as it is.
-        if onto and report_dir:
-            rebase_mod.write_refusal(exc, report_dir, report_name, action=f"--onto {onto}")
-        raise
-    if result.report_dir:
-        written = rebase_mod.write_reports(result, Path(result.report_dir), result.report_name, root=c.project.root)
-        if not as_json:
-            click.echo(f"report: {', '.join(str(p) for p in written)}", err=True)
+    result, written = rebase_mod.run(c.project, c.tree, onto=onto, continue_=continue_, abort=abort,
+                                     source_spec=source_, upstream_commit=upstream_commit, run_tests=run_tests,
+                                     report_dir=report_dir, report_name=report_name, echo=echo)
+    if written and not as_json:
+        click.echo(f"report: {', '.join(str(p) for p in written)}", err=True)
     click.echo(report.to_json(result.to_dict()) if as_json else rebase_mod.text(result), nl=False)
     result.raise_for_status()
 
@@ -453,30 +424,9 @@ def explain(c: Ctx, model, capability, dtype, kv_cache_dtype, heads, tp, tree_sp
     from smla import explain as explain_mod
 
     c.project.pin()
-    if matrix:
-        fixed = [name for name, given in (("--capability", capability is not None), ("--dtype", dtype != "auto"),
-                                          ("--kv-cache-dtype", kv_cache_dtype != "auto"),
-                                          ("--heads", heads is not None), ("--tp", tp != 1)) if given]
-        if fixed:
-            raise UsageError(f"--matrix covers every capability, dtype, KV-cache dtype and head count; "
-                             f"drop {', '.join(fixed)}")
-        cases = explain_mod.matrix_cases(model, backend=backend)
-    elif capability is None:
-        raise UsageError("--capability is required (or --matrix)", hint="e.g. --capability 12.0")
-    else:
-        cases = [explain_mod.Case(model, capability, dtype, kv_cache_dtype=kv_cache_dtype,
-                                  backend=backend, heads=heads, tp=tp)]
-    for case in cases:
-        explain_mod.to_cell(case)  # check the inputs before exporting a tree
-    tree, desc = explain_mod.resolve_tree(tree_spec, c.tree)
-    results = explain_mod.explain_many([(tree, cases)])[0]
-    if as_json:
-        data = [explain_mod.to_dict(r, desc) for r in results]
-        click.echo(report.to_json(data if matrix else data[0]), nl=False)
-    elif matrix:
-        click.echo(explain_mod.matrix_text(results, desc), nl=False)
-    else:
-        click.echo(explain_mod.text(results[0], desc), nl=False)
+    click.echo(explain_mod.run(c.tree, model, capability=capability, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                               heads=heads, tp=tp, tree_spec=tree_spec, backend=backend, matrix=matrix,
+                               as_json=as_json), nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -31,7 +31,7 @@ from typing import Any
 
 from smla import cache, proc, selection
 from smla.errors import TreeStateError, UsageError
-from smla.source import BASE_TAG
+from smla.treeinfo import BASE_TAG
 
 log = logging.getLogger("smla.explain")
 
@@ -129,6 +129,34 @@ def matrix_cases(model: str, backend: str | None = None) -> list[Case]:
     return [Case(model, c.capability, c.dtype, kv_cache_dtype=c.kv_cache_dtype,
                  backend=backend, heads=c.heads)
             for c in selection.matrix_cells(presets=["-"])]
+
+
+def run(work_tree: Path, model: str, *, capability: str | None = None, dtype: str = "auto",
+        kv_cache_dtype: str = "auto", heads: int | None = None, tp: int = 1, tree_spec: str = TREE_PATCHED,
+        backend: str | None = None, matrix: bool = False, as_json: bool = False) -> str:
+    """`smla explain`: one case (or the whole matrix) on one tree, rendered as text or JSON."""
+    from smla import report
+
+    if matrix:
+        fixed = [name for name, given in (("--capability", capability is not None), ("--dtype", dtype != "auto"),
+                                          ("--kv-cache-dtype", kv_cache_dtype != "auto"),
+                                          ("--heads", heads is not None), ("--tp", tp != 1)) if given]
+        if fixed:
+            raise UsageError(f"--matrix covers every capability, dtype, KV-cache dtype and head count; "
+                             f"drop {', '.join(fixed)}")
+        cases = matrix_cases(model, backend=backend)
+    elif capability is None:
+        raise UsageError("--capability is required (or --matrix)", hint="e.g. --capability 12.0")
+    else:
+        cases = [Case(model, capability, dtype, kv_cache_dtype=kv_cache_dtype, backend=backend, heads=heads, tp=tp)]
+    for case in cases:
+        to_cell(case)  # check the inputs before exporting a tree
+    tree, desc = resolve_tree(tree_spec, work_tree)
+    results = explain_many([(tree, cases)])[0]
+    if as_json:
+        data = [to_dict(r, desc) for r in results]
+        return report.to_json(data if matrix else data[0])
+    return matrix_text(results, desc) if matrix else text(results[0], desc)
 
 
 # --------------------------------------------------------------------------
