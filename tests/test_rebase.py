@@ -308,7 +308,7 @@ SUITE = '''
 import os
 from pathlib import Path
 
-from smla import source
+from smla import treeinfo
 from smla.pin import load
 
 

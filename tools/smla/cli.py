@@ -93,7 +93,7 @@ class _Group(click.Group):
             rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
             if not standalone_mode:
                 return rv
-            sys.exit(rv if isinstance(rv, int) else 0)  # --help / --version: 0
+            sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)  # --help / --version: 0
         except click.exceptions.NoArgsIsHelpError as exc:  # bare `smla`: the help, as click prints it
             exc.show()
             sys.exit(exc.exit_code)
