@@ -13,6 +13,15 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# Triton's compile cache (hundreds of MB for the kernel tests) goes under the toolkit's cache
+# (<cache>/triton), not ~/.triton, unless the user chose a place with TRITON_CACHE_DIR.
+if os.environ.get("TRITON_CACHE_DIR"):
+    os.environ["SMLA_TEST_USER_TRITON_CACHE"] = "1"
+else:
+    from smla.cache import cache_dir
+
+    os.environ["TRITON_CACHE_DIR"] = str(cache_dir() / "triton")
+
 
 def default_tree() -> Path:
     return Path(os.environ.get("SMLA_TREE") or REPO_ROOT / "work" / "vllm")

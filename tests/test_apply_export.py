@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from smla import treeinfo
 from smla import apply as apply_mod, export as export_mod, proc, series, source, status as status_mod
 from smla.cli import main
 from smla.errors import ApplyError, ExportError, SeriesError, TreeStateError
@@ -27,7 +28,7 @@ def load(root: Path) -> series.Series:
 
 
 def subjects(tree: Path) -> list[str]:
-    return [s for _, s in apply_mod.commits_above_base(tree)]
+    return [s for _, s in treeinfo.commits_above_base(tree)]
 
 
 def test_apply_commits_one_per_patch_and_rerun_is_noop(setup):
@@ -79,7 +80,7 @@ def test_conflict_names_patch_file_hunk_and_leaves_tree_untouched(setup):
     assert str(tree) in err.value.hint
     # all or nothing: the first two patches (which would apply) were not committed either
     assert proc.git_out(tree, "rev-parse", "HEAD") == head
-    assert apply_mod.dirty_files(tree) == []
+    assert treeinfo.dirty_files(tree) == []
     assert proc.git_out(tree, "worktree", "list").count("\n") == 0
 
 
@@ -264,7 +265,7 @@ def test_fetch_force_refuses_to_lose_unexported_work(setup):
 def test_commands_refuse_a_stopped_rebase(setup):
     root, tree, _ = setup
     apply_mod.apply_series(load(root), tree, **quiet)
-    state = tree / ".git" / source.REBASE_STATE_DIR / "state.json"
+    state = tree / ".git" / treeinfo.REBASE_STATE_DIR / "state.json"
     state.parent.mkdir()
     state.write_text("{}")
     for call in (lambda: apply_mod.apply_series(load(root), tree, **quiet),

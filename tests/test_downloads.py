@@ -103,9 +103,19 @@ def test_redact():
     assert cache.redact("https://host/simple") == "https://host/simple"
 
 
-def test_progress_never_writes_to_stdout(server, tmp_path, capfd):
+def test_progress_never_writes_to_stdout(server, tmp_path, capfd, monkeypatch):
+    """The bar really draws (stderr is made to look like a terminal, as it is for a user), and only
+    to stderr. (Before: under pytest stderr is no terminal, so nothing drew and the test could not fail.)"""
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.delenv("TERM", raising=False)
     server.publish("vllm", [("vllm-1.0.tar.gz", b"payload" * 1000)])
     url, sha = cache.pypi_file("vllm", "vllm-1.0.tar.gz")
     cache.fetch(url, _dest(tmp_path, "vllm-1.0.tar.gz"), sha)  # quiet=False
-    assert capfd.readouterr().out == ""
-    assert cache.progress_console().stderr
+    out, err = capfd.readouterr()
+    assert "vllm-1.0.tar.gz" in err  # the bar's label: it was drawn
+    assert out == ""
+    # --json (quiet) draws nothing at all
+    cache.fetch(url, _dest(tmp_path, "again.tar.gz"), sha, quiet=True)
+    assert capfd.readouterr() == ("", "")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from smla import treeinfo
 from smla import cache, pin as pin_mod, proc, source
 from smla.errors import ChecksumError, FetchError, PinError, TreeStateError
 
@@ -58,7 +59,7 @@ def test_pin_save_keeps_comments(tmp_path):
     path = tmp_path / "pin.txt"
     path.write_text(src.read_text())
     p = pin_mod.load(path)
-    pin_mod.save(path, p.with_changes(version="0.17.0"))
+    pin_mod.save(path, p.with_changes(version="0.17.0", sdist="vllm-0.17.0.tar.gz"))
     assert pin_mod.load(path).version == "0.17.0"
     assert [l for l in path.read_text().splitlines() if l.startswith("#")] == \
         [l for l in src.read_text().splitlines() if l.startswith("#")]
@@ -125,7 +126,7 @@ def test_auto_falls_back_to_sdist_when_remote_unreachable(tmp_path, index):
     # the base commit of an sdist is reproducible: same content, same id
     tree2 = tmp_path / "tree2"
     source.fetch(pin_for("http://127.0.0.1:9/nowhere.git", "2" * 40, sha), tree2, "sdist", echo=lambda *_: None)
-    assert source.read_tree_info(tree2).base == info.base
+    assert treeinfo.read_tree_info(tree2).base == info.base
     # second fetch into a new tree used the cache: the index may be gone
     index.routes.clear()
     tree3 = tmp_path / "tree3"

@@ -51,9 +51,10 @@ def test_full_pin_without_the_key_is_full(tmp_path):
 def test_save_adds_and_keeps_the_key(tmp_path):
     path = write(tmp_path, commit="f2654939e69b4069b13977e9aef3e31d4dcaf051")
     full = pin_mod.load(path)
-    pin_mod.save(path, full.with_changes(commit="4ba787ec9", commit_kind="abbreviated", version="0.33.0"))
+    pin_mod.save(path, full.with_changes(commit="4ba787ec9", commit_kind="abbreviated", version="0.33.0",
+                                          sdist="vllm-0.33.0.tar.gz"))
     text = path.read_text()
-    assert "commit = 4ba787ec9\ncommit_kind = abbreviated\nversion = 0.33.0\n" in text and text.startswith("# a pin")
+    assert "commit = 4ba787ec9\ncommit_kind = abbreviated\nversion = 0.33.0\nsdist = vllm-0.33.0.tar.gz\n" in text and text.startswith("# a pin")
     again = pin_mod.load(path)
     assert (again.commit, again.commit_kind) == ("4ba787ec9", "abbreviated")
     pin_mod.save(path, again.with_changes(commit="4" * 40, commit_kind="full"))
@@ -61,5 +62,5 @@ def test_save_adds_and_keeps_the_key(tmp_path):
     # a full pin written from scratch gets no commit_kind line
     path2 = write(tmp_path / "x" if (tmp_path / "x").mkdir() is None else tmp_path,
                   commit="f2654939e69b4069b13977e9aef3e31d4dcaf051")
-    pin_mod.save(path2, pin_mod.load(path2).with_changes(version="0.26.1"))
+    pin_mod.save(path2, pin_mod.load(path2).with_changes(version="0.26.1", sdist="vllm-0.26.1.tar.gz"))
     assert "commit_kind" not in path2.read_text()

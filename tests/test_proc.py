@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from smla import treeinfo
 from smla import apply as apply_mod, proc, series
 
 from gitfixtures import series_project
@@ -34,7 +35,7 @@ def test_inherited_git_variables_do_not_redirect(tmp_path, monkeypatch):
     assert env["GIT_SSH_COMMAND"] == "ssh -o BatchMode=yes"
     result = apply_mod.apply_series(series.load(root / "patches"), tree, echo=lambda *_: None)
     assert [o.state for o in result.outcomes] == ["applied"] * 3
-    assert len(apply_mod.commits_above_base(tree)) == 3
+    assert len(treeinfo.commits_above_base(tree)) == 3
     monkeypatch.delenv("GIT_DIR")
     monkeypatch.delenv("GIT_WORK_TREE")
     monkeypatch.delenv("GIT_INDEX_FILE")

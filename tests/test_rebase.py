@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from smla import treeinfo
 from smla import cache, proc, source
 from smla import export as export_mod
 from smla.cli import main
@@ -61,9 +62,9 @@ def test_clean_rebase_classifies_every_patch(world, tmp_path):
     root, tree = world["root"], world["tree"]
     assert f"commit = {world['c1']}" in (root / "vllm-pin.txt").read_text()
     assert (root / "vllm-pin.txt").read_text().startswith("# test pin")
-    assert proc.git_out(tree, "rev-parse", f"{source.BASE_TAG}^{{commit}}") == world["c1"]
-    assert source.read_tree_info(tree).upstream_commit == world["c1"]
-    assert proc.git_out(tree, "symbolic-ref", "--short", "HEAD") == source.BRANCH
+    assert proc.git_out(tree, "rev-parse", f"{treeinfo.BASE_TAG}^{{commit}}") == world["c1"]
+    assert treeinfo.read_tree_info(tree).upstream_commit == world["c1"]
+    assert proc.git_out(tree, "symbolic-ref", "--short", "HEAD") == treeinfo.BRANCH
     series = (root / "patches" / "series").read_text().split()
     assert len(series) == 4 and not any("upstream" in n for n in series)
     assert not (tree / ".git" / "smla-rebase").exists()
@@ -115,7 +116,7 @@ def test_conflict_then_abort_restores_bytes(world):
     before = snapshot(world["root"])
     tree = world["tree"]
     head = proc.git_out(tree, "rev-parse", "HEAD")
-    base = proc.git_out(tree, "rev-parse", f"{source.BASE_TAG}^{{commit}}")
+    base = proc.git_out(tree, "rev-parse", f"{treeinfo.BASE_TAG}^{{commit}}")
     assert smla(world, "--onto", world["c2"], "--source", str(world["up"])).exit_code == 11
     # the user fiddles with patches/ and the pin in the meantime
     (world["root"] / "patches" / "0001-Patch-a-unchanged.patch").write_text("garbage")
@@ -125,11 +126,11 @@ def test_conflict_then_abort_restores_bytes(world):
     assert res.exit_code == 0, res.output
     assert snapshot(world["root"]) == before
     assert proc.git_out(tree, "rev-parse", "HEAD") == head
-    assert proc.git_out(tree, "rev-parse", f"{source.BASE_TAG}^{{commit}}") == base
-    assert proc.git_out(tree, "symbolic-ref", "--short", "HEAD") == source.BRANCH
+    assert proc.git_out(tree, "rev-parse", f"{treeinfo.BASE_TAG}^{{commit}}") == base
+    assert proc.git_out(tree, "symbolic-ref", "--short", "HEAD") == treeinfo.BRANCH
     assert proc.git(tree, "status", "--porcelain").stdout == ""
     assert "smla-rebase" not in proc.git_out(tree, "branch", "--list")
-    assert source.read_tree_info(tree).upstream_commit == world["c0"]
+    assert treeinfo.read_tree_info(tree).upstream_commit == world["c0"]
     assert smla(world, "--abort").exit_code == 7  # nothing left to abort
 
 
@@ -220,9 +221,9 @@ def test_version_target_via_sdist(world, index):
                    "sdist": "vllm-0.0.2.tar.gz", "sdist_sha256": sha}
     assert "commit_kind" not in (world["root"] / "vllm-pin.txt").read_text()  # full: the key stays out
     tree = world["tree"]
-    base = proc.git_out(tree, "rev-parse", f"{source.BASE_TAG}^{{commit}}")
+    base = proc.git_out(tree, "rev-parse", f"{treeinfo.BASE_TAG}^{{commit}}")
     assert proc.git_out(tree, "rev-parse", f"{base}^") == world["c0"]  # child of the old base
-    assert source.read_tree_info(tree).source == "sdist"
+    assert treeinfo.read_tree_info(tree).source == "sdist"
 
 
 def test_rebase_with_the_package_index_alone_records_the_abbreviated_commit(world, index, tmp_path):
@@ -242,7 +243,7 @@ def test_rebase_with_the_package_index_alone_records_the_abbreviated_commit(worl
     text = (world["root"] / "vllm-pin.txt").read_text()
     assert "commit = abcdef123\ncommit_kind = abbreviated\n" in text
     tree = world["tree"]
-    assert source.read_tree_info(tree).upstream_commit == "abcdef123"
+    assert treeinfo.read_tree_info(tree).upstream_commit == "abcdef123"
     assert "Upstream-Commit: abcdef123 (abbreviated)" in proc.git_out(tree, "log", "-1", "--format=%B", "smla-base")
 
     # what needs the full id says so: a git fetch of this pin
@@ -265,7 +266,7 @@ def test_rebase_with_the_package_index_alone_records_the_abbreviated_commit(worl
     assert json.loads(res.output)["status"] == "noop"
     pin = load_pin(world["root"] / "vllm-pin.txt")
     assert (pin.commit, pin.commit_kind) == (full, "full")
-    assert source.read_tree_info(tree).upstream_commit == full
+    assert treeinfo.read_tree_info(tree).upstream_commit == full
 
 
 def test_version_target_resolved_from_upstream_commit(world, index):
@@ -307,13 +308,13 @@ SUITE = '''
 import os
 from pathlib import Path
 
-from smla import source
+from smla import treeinfo
 from smla.pin import load
 
 
 def test_the_tree_is_at_the_new_pin():
     root, tree = Path(os.environ["SMLA_ROOT"]), Path(os.environ["SMLA_TREE"])
-    assert source.read_tree_info(tree).upstream_commit == load(root / "vllm-pin.txt").commit
+    assert treeinfo.read_tree_info(tree).upstream_commit == load(root / "vllm-pin.txt").commit
     assert FAIL == 0
 '''
 

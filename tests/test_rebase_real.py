@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from smla import treeinfo
 from smla import cache, proc, source
 from smla.cli import main
 from smla.pin import load
@@ -113,7 +114,7 @@ def test_real_rebase_onto_a_newer_release(tmp_path):
         abort = CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "rebase", "--abort"])
         assert abort.exit_code == 0, abort.output
         assert _snapshot(root) == before
-        info = source.read_tree_info(tree)
+        info = treeinfo.read_tree_info(tree)
         assert info.version == old_pin.version and proc.git(tree, "status", "--porcelain").stdout == ""
     else:
         after = load(root / "vllm-pin.txt")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from smla import treeinfo
 from smla import apply as apply_mod, export as export_mod, proc, series, source, status as status_mod, treestate
 from smla.cli import main
 from smla.errors import ExportError, NotInSync, TreeStateError
@@ -58,7 +59,7 @@ def test_pulled_series_change_is_rebuilt_by_apply(applied, tmp_path):
     assert result.rebuilt and result.changed_patches == [KERNEL]
     assert any(KERNEL in s and "changed" in s and "rebuilding" in s for s in said), said
     assert "return 2  # the fix" in (tree / "vllm/ops/kernel.py").read_text()
-    assert len(apply_mod.commits_above_base(tree)) == 3
+    assert len(treeinfo.commits_above_base(tree)) == 3
     assert treestate.compare(tree, load(root)).in_sync
     again = []
     apply_mod.apply_series(load(root), tree, echo=again.append)
@@ -166,7 +167,7 @@ def test_fetch_force_replaces_a_tree_that_only_lags_behind(applied, tmp_path):
     # old code refused: "committed but not exported" for the stale commit
     res = cli(root, tree, "fetch", "--force", "--source", "git")
     assert res.exit_code == 0, res.output
-    assert apply_mod.commits_above_base(tree) == []
+    assert treeinfo.commits_above_base(tree) == []
 
 
 def test_status_check_exit_codes(applied, tmp_path):

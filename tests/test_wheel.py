@@ -557,7 +557,7 @@ def test_official_wheel_is_found_on_the_index(tmp_path, monkeypatch):
             wh.official_wheel(pin, "ppc64le")
         # a known wheel (0.26.0) needs no index: the index is not even asked
         monkeypatch.setenv("SMLA_INDEX_URL", "http://index.invalid/simple")
-        name, sha, url = wh.official_wheel(PIN.with_changes(version="0.26.0"), "x86_64")
+        name, sha, url = wh.official_wheel(PIN.with_changes(version="0.26.0", sdist="vllm-0.26.0.tar.gz"), "x86_64")
         assert name == "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl" and url is None
     finally:
         srv.close()

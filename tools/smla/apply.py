@@ -27,20 +27,14 @@ fuzzes; `fuzz` > 0 lets that many context lines at each hunk edge differ).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from smla import lock, proc, treestate
 from smla.errors import ApplyError, TreeStateError, cmd
 from smla.series import Patch, Series, check_no_symlinks
-from smla.source import BASE_TAG, TreeInfo, read_tree_info, rebase_in_progress
-from smla.treestate import commits_above_base, dirty_files  # noqa: F401  (re-exported for callers)
-
-APPLIED = "applied"
-ALREADY = "already-applied"
-UPSTREAM = "upstream"
-PENDING = "pending"
+from smla.gitapply import failed_hunks, hunk_offsets, reverse_applies
+from smla.treeinfo import ALREADY, APPLIED, PENDING, UPSTREAM, dirty_files, require_tree
 
 
 @dataclass
@@ -50,9 +44,11 @@ class PatchOutcome:
     state: str
     offsets: list[str] = field(default_factory=list)
     commit: str | None = None
+    inexact: bool = False  # applied with fuzz/offsets: the commit does not export to the file's bytes
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "subject": self.subject, "state": self.state, "offsets": self.offsets}
+        return {"name": self.name, "subject": self.subject, "state": self.state, "offsets": self.offsets,
+                "inexact": self.inexact}
 
 
 @dataclass
@@ -80,25 +76,6 @@ class ApplyResult:
         }
 
 
-def require_tree(tree: Path, *, during_rebase: bool = False) -> TreeInfo:
-    """The tree's TreeInfo; refuses a missing tree and, unless `during_rebase`, a stopped rebase."""
-    info = read_tree_info(tree)
-    if info is None:
-        raise TreeStateError(f"no smla work tree at {tree}",
-                             hint=f"run {cmd('smla', 'fetch')} (or {cmd('make', 'patch')}) first")
-    if not during_rebase and rebase_in_progress(tree):
-        raise TreeStateError(
-            f"a `smla rebase` is stopped in {tree}",
-            hint=f"finish it with {cmd('smla', 'rebase', '--continue')} or undo it with {cmd('smla', 'rebase', '--abort')}",
-        )
-    return info
-
-
-def reverse_applies(tree: Path, patch: Patch) -> bool:
-    """True when the patch's change is already in `tree` (it reverse-applies cleanly)."""
-    return proc.git(tree, "apply", "--check", "-R", "--", patch.path.resolve(), check=False).returncode == 0
-
-
 def apply_series(series: Series, tree: Path, *, force: bool = False, fuzz: int = 0, echo=print) -> ApplyResult:
     with lock.hold(tree):
         return _apply_locked(series, tree, force=force, fuzz=fuzz, echo=echo)
@@ -106,13 +83,8 @@ def apply_series(series: Series, tree: Path, *, force: bool = False, fuzz: int =
 
 def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -> ApplyResult:
     info = require_tree(tree)
+    proc.sweep_scratch(tree)  # what a killed earlier run left beside the tree
     dirty = dirty_files(tree)
-    if dirty and not force:
-        shown = ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
-        raise TreeStateError(
-            f"work tree {tree} has uncommitted changes ({shown})",
-            hint=f"commit them and run {cmd('smla', 'export')}, or discard them, or rerun with --force",
-        )
     check_no_symlinks(series, tree)
     st = treestate.compare(tree, series)
     if st.kind == treestate.DIVERGED:
@@ -139,10 +111,14 @@ def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -
             o.state = UPSTREAM
     changed = [f"{n} ({how})" for n, how in st.changed.items()] + [f"{n} (removed)" for n in st.removed]
     head = proc.git_out(tree, "rev-parse", "HEAD")
+    shown = ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
     if not missing and not rebuild:
         upstream = sum(o.state == UPSTREAM for o in outcomes)
         note = f" ({upstream} already upstream)" if upstream else ""
         echo(f"all {len(outcomes)} patches already applied to {tree}{note}; nothing to do")
+        if dirty:  # nothing to apply: uncommitted edits can stay (and be tested: make test, explain)
+            echo(f"note: the tree has uncommitted changes ({shown}), not in patches/ until committed "
+                 f"({cmd('git', '-C', tree, 'commit', '-a')}) and exported ({cmd('smla', 'export')})")
         if st.edited:
             echo(f"note: the tree also has {len(st.edited)} commit(s) not in patches/: "
                  f"{cmd('smla', 'export')} saves them")
@@ -150,6 +126,14 @@ def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -
             treestate.record(tree, series, {o.name: o.commit for o in outcomes})
         return ApplyResult(tree, info.base, head, outcomes)
 
+    if dirty and not force:
+        raise TreeStateError(
+            f"work tree {tree} has uncommitted changes ({shown}), and "
+            f"{', '.join(missing) or 'the patch commits'} would have to be applied under them",
+            hint=f"commit them ({cmd('git', '-C', tree, 'commit', '-a')}) and run {cmd('smla', 'export')}; "
+                 f"or set them aside ({cmd('git', '-C', tree, 'stash')}); or apply over them with "
+                 f"{cmd('smla', 'apply', '--force')} (through make: {cmd('make', 'patch', 'ARGS=--force')})",
+        )
     # Keep the longest run of commits from the base that carries the series in order; rebuild the rest.
     start, kept, j = info.base, 0, 0
     by_commit = {c: n for n, c in st.carried.items()}
@@ -184,9 +168,14 @@ def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -
                 f"patches apply, but the work tree could not be updated: {moved.stderr.strip()}",
                 hint="your uncommitted changes conflict with the series; commit or discard them",
             )
-    treestate.record(tree, series, {o.name: o.commit for o in outcomes})
+    inexact = frozenset(o.name for o in outcomes if o.inexact)
+    treestate.record(tree, series, {o.name: o.commit for o in outcomes}, inexact=inexact)
     for o in outcomes:
         echo(_line(o))
+    if inexact:
+        echo(f"note: {', '.join(sorted(inexact))} went in with fuzz or offsets, so the tree no longer equals "
+             f"patches/: {cmd('smla', 'export')} rewrites "
+             + ("it" if len(inexact) == 1 else "them") + " from the tree (`smla status` shows it)")
     return ApplyResult(tree, info.base, proc.git_out(tree, "rev-parse", "HEAD"), outcomes,
                        rebuilt=rebuild, changed_patches=[c.split(" ", 1)[0] for c in changed])
 
@@ -205,43 +194,13 @@ def _apply_one(patch: Patch, outcome: PatchOutcome, worktree: Path, fuzz: int, t
                  patch.path.resolve())
         outcome.state = APPLIED
         outcome.commit = proc.git_out(worktree, "rev-parse", "HEAD")
+        if fuzz or outcome.offsets:  # the commit may differ from the file: say so in the record
+            outcome.inexact = treestate.render_commit(worktree, outcome.commit) != patch.path.read_bytes()
         return
     if reverse_applies(worktree, patch):
         outcome.state = UPSTREAM
         return
     raise failure(patch, check.stderr, tree)
-
-
-@dataclass(frozen=True)
-class HunkFailure:
-    """One place where `git apply` failed: a hunk (file + line) or a whole file."""
-
-    description: str  # "hunk #2 of f.py (@@ ... @@)" or "f.py: No such file or directory"
-    file: str
-    line: int | None = None
-
-    def __str__(self) -> str:
-        return self.description
-
-
-_FILE_ERRORS = "No such file or directory|already exists in working directory|does not exist in index"
-
-
-def failed_hunks(patch: Patch, stderr: str) -> list[HunkFailure]:
-    """Every failure `git apply [--check] [--reject] -v` reports in `stderr`, described with
-    the patch's own hunk headers; in order, without repeats. (The one parser: apply and rebase.)"""
-    found: list[HunkFailure] = []
-    for m in re.finditer(r"error: patch failed: (.+):(\d+)", stderr):
-        file, line = m.group(1), int(m.group(2))
-        hunk = patch.hunk_at(file, line)
-        found.append(HunkFailure(hunk.describe() if hunk else f"{file} at line {line}", file, line))
-    for m in re.finditer(rf"error: (\S+): ({_FILE_ERRORS})", stderr):
-        found.append(HunkFailure(f"{m.group(1)}: {m.group(2)}", m.group(1)))
-    unique: list[HunkFailure] = []
-    for f in found:
-        if f.description not in [u.description for u in unique]:
-            unique.append(f)
-    return unique
 
 
 def failure(patch: Patch, stderr: str, tree: Path) -> ApplyError:
@@ -262,16 +221,3 @@ def failure(patch: Patch, stderr: str, tree: Path) -> ApplyError:
             f"or fix the patch in a tree and {cmd('smla', 'export')}"
         ),
     )
-
-
-def hunk_offsets(text: str) -> list[str]:
-    """'file: Hunk #N succeeded at L (offset K lines)' for each hunk git applied off its line."""
-    found, current = [], "?"
-    for line in text.splitlines():
-        m = re.match(r"Checking patch (.+)\.\.\.$", line)
-        if m:
-            current = m.group(1)
-        m = re.match(r"(Hunk #\d+ succeeded at \d+ \(offset -?\d+ lines?\))", line)
-        if m:
-            found.append(f"{current}: {m.group(1)}")
-    return found

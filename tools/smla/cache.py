@@ -2,8 +2,11 @@
 
 Files are streamed to a temporary name beside the target, checked, then
 renamed, so an interrupted or corrupt download never sits in the cache
-under its real name. A cached file that no longer matches its checksum is
-replaced. PyPI file locations come from the simple index's JSON form
+under its real name. A cached file that does not match the expected
+checksum is kept until a download that does match replaces it: a wrong
+expected checksum (a bad pin) never destroys a good download. A cache that
+cannot be written is a FilesystemError naming the directory and
+SMLA_CACHE_DIR. PyPI file locations come from the simple index's JSON form
 (PEP 691), which also gives each file's sha256.
 
 Transport: remote index and file URLs must be https (also after
@@ -41,7 +44,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from smla.errors import ChecksumError, FetchError
+from smla.errors import ChecksumError, FetchError, FilesystemError
 from smla.fsutil import sha256_file
 
 log = logging.getLogger("smla.cache")
@@ -83,6 +86,30 @@ def cache_dir() -> Path:
         return Path(os.environ["SMLA_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "vllm-sparse-mla"
+
+
+def downloads_dir() -> Path:
+    """Where downloads are cached (not created here: see `writable_dir`)."""
+    return cache_dir() / "downloads"
+
+
+def writable_dir(path: Path) -> Path:
+    """Create `path` (a directory under the cache) or say which one cannot be written and what to do."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=path, prefix=".smla-probe-")
+        probe.close()
+    except OSError as exc:
+        raise unwritable(path, exc) from exc
+    return path
+
+
+def unwritable(path: Path, exc: OSError) -> FilesystemError:
+    return FilesystemError(
+        f"cannot write the toolkit's cache {path}: {exc.strerror or exc}",
+        hint=f"make {cache_dir()} writable, or point SMLA_CACHE_DIR at a writable directory "
+             "(e.g. `SMLA_CACHE_DIR=$HOME/smla-cache smla fetch`)",
+    )
 
 
 def index_url() -> str:
@@ -177,7 +204,11 @@ def pypi_file(project: str, filename: str) -> tuple[str, str]:
         if name == filename:
             check_url(url, f"{filename} at")
             return url, sha
-    raise FetchError(f"{filename} is not on the package index ({redact(index_url())}/{project}/)")
+    raise FetchError(
+        f"{filename} is not on the package index ({redact(index_url())}/{project}/)",
+        hint=f"check the version (released versions: https://pypi.org/project/{project}/#history), or point "
+             "SMLA_INDEX_URL at an index that has it",
+    )
 
 
 def pypi_files(project: str) -> list[tuple[str, str, str]]:
@@ -228,32 +259,50 @@ def fetch(
     *,
     what: str | None = None,
     quiet: bool = False,
+    mismatch_hint: str | None = None,
 ) -> Path:
     """Make `dest` hold the verified content of `url`; reuse a valid cached copy.
 
     `url` may be a callable, asked only when a download is really needed (so a
-    warm cache needs no network at all).
+    warm cache needs no network at all). A cached file that does not match
+    `sha256` stays where it is unless a download matching `sha256` replaces
+    it; when the download does not match either, ChecksumError (with
+    `mismatch_hint`, which should name where `sha256` came from).
     """
+    cached_sha = None
     if dest.is_file():
-        if sha256_file(dest) == sha256:
+        cached_sha = sha256_file(dest)
+        if cached_sha == sha256:
             log.info("cached: %s", dest)
             return dest
-        log.warning("cached %s does not match its sha256; downloading it again", dest.name)
-        dest.unlink()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+        log.warning("cached %s does not match the expected sha256; downloading it again "
+                    "(the cached file is kept unless the download matches)", dest.name)
+    writable_dir(dest.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    except OSError as exc:
+        raise unwritable(dest.parent, exc) from exc
     tmp = Path(tmp_name)
     digest = hashlib.sha256()
     try:
         if callable(url):
             url = url()
-        with os.fdopen(fd, "wb") as out:
+        try:
+            out = os.fdopen(fd, "wb")
+        except OSError as exc:
+            os.close(fd)
+            raise unwritable(dest.parent, exc) from exc
+        with out:
             _stream(url, out, digest, what or dest.name, quiet)
         got = digest.hexdigest()
         if got != sha256:
+            agree = (f"; the cached {dest} has the same content and is kept, so the expected sha256 is "
+                     "probably wrong" if cached_sha == got else
+                     (f"; the cached {dest} is kept" if cached_sha else ""))
             raise ChecksumError(
-                f"{dest.name}: sha256 mismatch (expected {sha256}, got {got}) from {redact(url)}",
-                hint="the download was corrupted or the pin is wrong; check vllm-pin.txt",
+                f"{dest.name}: sha256 mismatch (expected {sha256}, got {got}) from {redact(url)}{agree}",
+                hint=mismatch_hint or "the download was corrupted or the expected sha256 is wrong; run the "
+                                      "command again, and check where that sha256 comes from",
             )
         os.replace(tmp, dest)
     finally:

@@ -1,29 +1,66 @@
 """The `smla` command line: parse arguments, call the library, print.
 
-Errors are caught once, here: an SmlaError prints `error:` and `hint:` and
-exits with its own code (see smla.errors).
+Errors are caught once, here (`_Group.main` for click's usage errors,
+`_handle_errors` inside each command): an SmlaError prints `error:` and
+`hint:` on stderr, or one JSON object on stdout under --json, and exits with
+its own code (see smla.errors). Click's usage errors become UsageError (2),
+Ctrl-C and SIGTERM become Interrupted (130 / 143, after the scratch files
+are removed), and an OSError nothing else caught becomes FilesystemError (15).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import logging
+import signal
 import sys
 from pathlib import Path
 
 import click
 
-from smla import __version__, cache, lock, report, series, source
+from smla import __version__, cache, lock, report, series
 from smla import apply as apply_mod
+from smla import clean as clean_mod
 from smla import export as export_mod
+from smla import fetch as fetch_mod
 from smla import status as status_mod
-from smla import treestate
-from smla.errors import NotInSync, SmlaError, UsageError, cmd
+from smla.errors import FilesystemError, Interrupted, NotInSync, SmlaError, UsageError, cmd
 from smla.project import TREE_ENV, Project
+
+# The signal that stopped the run (SIGINT for Ctrl-C, SIGTERM): its exit code is 128 + it.
+_stopped_by = [signal.SIGINT]
+
+
+def _on_sigterm(signum, _frame):
+    _stopped_by[0] = signum
+    raise KeyboardInterrupt  # unwinds like Ctrl-C: every `finally` (scratch worktrees, temp dirs) runs
+
+
+def _emit(exc: SmlaError, as_json: bool) -> None:
+    if as_json:
+        if not getattr(exc, "reported", False):
+            click.echo(report.to_json(exc.to_dict()), nl=False)
+        return
+    click.secho(f"error: {exc.message}", fg="red", err=True)
+    if exc.hint:
+        click.echo(f"hint: {exc.hint}", err=True)
+
+
+def _as_smla_error(exc: BaseException) -> SmlaError:
+    """What the edge reports for anything that is not an SmlaError yet."""
+    if isinstance(exc, KeyboardInterrupt):
+        sig = _stopped_by[0]
+        err = Interrupted(f"interrupted ({signal.Signals(sig).name})")
+        err.exit_code = 128 + int(sig)
+        return err
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        return FilesystemError(f"{exc.strerror or exc}{where}")
+    raise exc
 
 
 def _handle_errors(fn):
-    """Catch SmlaError once: `error:` + `hint:` on stderr (or one JSON object on stdout under --json),
+    """Catch errors once: `error:` + `hint:` on stderr (or one JSON object on stdout under --json),
     exit with the error's code. Download progress is off under --json."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -32,15 +69,46 @@ def _handle_errors(fn):
             with cache.no_progress() if as_json else contextlib.nullcontext():
                 return fn(*args, **kwargs)
         except SmlaError as exc:
-            if as_json:
-                click.echo(report.to_json(exc.to_dict()), nl=False)
-            else:
-                click.secho(f"error: {exc.message}", fg="red", err=True)
-                if exc.hint:
-                    click.echo(f"hint: {exc.hint}", err=True)
-            sys.exit(exc.exit_code)
+            err = exc
+        except (KeyboardInterrupt, OSError) as exc:
+            err = _as_smla_error(exc)
+        _emit(err, as_json)
+        sys.exit(err.exit_code)
 
     return wrapper
+
+
+class _Group(click.Group):
+    """The top-level group: click's own usage errors (unknown options, bad values) go through the
+    same edge as SmlaError, as JSON when --json was given; SIGTERM unwinds like Ctrl-C."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        argv = list(sys.argv[1:] if args is None else args)
+        as_json = "--json" in argv
+        try:
+            before = signal.signal(signal.SIGTERM, _on_sigterm)
+        except ValueError:  # not the main thread
+            before = None
+        try:
+            rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+            if not standalone_mode:
+                return rv
+            sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)  # --help / --version: 0
+        except click.exceptions.NoArgsIsHelpError as exc:  # bare `smla`: the help, as click prints it
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            words = ["smla", *exc.ctx.command_path.split()[1:]] if getattr(exc, "ctx", None) else ["smla"]
+            err: SmlaError = UsageError(exc.format_message(), hint=f"{cmd(*words, '--help')} lists the options")
+        except click.exceptions.Abort:
+            err = _as_smla_error(KeyboardInterrupt())
+        except KeyboardInterrupt as exc:
+            err = _as_smla_error(exc)
+        finally:
+            if before is not None:
+                signal.signal(signal.SIGTERM, before)
+        _emit(err, as_json)
+        sys.exit(err.exit_code)
 
 
 def _locked(fn):
@@ -114,7 +182,7 @@ def global_options(*, tree: bool = True):
     return deco
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), help=root_help)
 @click.option("--tree", type=click.Path(file_okay=False, path_type=Path), help=tree_help)
 @click.option("-v", "--verbose", count=True, help=verbose_help)
@@ -150,14 +218,7 @@ def _series(c: Ctx, *, allow_empty: bool = False) -> series.Series:
 @_locked
 def fetch(c: Ctx, source_, force, discard):
     """Make a git work tree of vLLM at the pinned commit (tag smla-base)."""
-    if discard and not force:
-        raise UsageError("--discard only goes with --force (it lets --force throw away unexported work)",
-                         hint=f"{cmd('smla', 'fetch', '--force', '--discard')}")
-    guard = None
-    if force and not discard:
-        s = _series(c, allow_empty=True)
-        guard = lambda tree: treestate.check_replaceable(tree, s)  # noqa: E731
-    source.fetch(c.project.pin(), c.tree, source_, force=force, echo=click.echo, guard=guard)
+    fetch_mod.fetch(c.project, c.tree, source_, force=force, discard=discard, echo=click.echo)
 
 
 @main.command("apply")
@@ -177,6 +238,7 @@ def apply_cmd(c: Ctx, force, fuzz, as_json):
     was built (and the tree holds no unexported commits), the patch commits
     are rebuilt from the base and the changed patches are named.
     """
+    c.project.pin()  # a broken pin is an error for every command, not only for fetch
     s = _series(c)
     echo = (lambda *_: None) if as_json else click.echo
     result = apply_mod.apply_series(s, c.tree, force=force, fuzz=fuzz, echo=echo)
@@ -189,15 +251,17 @@ def apply_cmd(c: Ctx, force, fuzz, as_json):
 @main.command()
 @click.option("--source", "source_", default="auto", show_default=True, metavar="auto|git|sdist|PATH",
               help="As for `fetch`.")
+@click.option("--force", is_flag=True,
+              help="As for `apply`: apply even though the tree has uncommitted changes (make patch ARGS=--force).")
 @global_options()
 @pass_ctx
 @_handle_errors
 @_locked
-def patch(c: Ctx, source_):
+def patch(c: Ctx, source_, force):
     """fetch + apply: the pinned vLLM with the series applied (what `make patch` runs)."""
     s = _series(c)
-    source.fetch(c.project.pin(), c.tree, source_, echo=click.echo)
-    apply_mod.apply_series(s, c.tree, echo=click.echo)
+    fetch_mod.fetch(c.project, c.tree, source_, echo=click.echo)
+    apply_mod.apply_series(s, c.tree, force=force, echo=click.echo)
     click.echo(f"patched tree: {c.tree}")
 
 
@@ -218,9 +282,8 @@ def status(c: Ctx, as_json, check):
     s = _series(c, allow_empty=True)
     data = status_mod.status(c.project.pin(), c.tree, s)
     click.echo(report.to_json(data) if as_json else status_mod.text(data), nl=False)
-    if check and not data["in_sync"]:
-        click.echo(f"error: the work tree does not equal patches/ ({data['state']})", err=True)
-        sys.exit(NotInSync.exit_code)
+    if check:
+        status_mod.check(data)
 
 
 @main.command()
@@ -236,6 +299,7 @@ def status(c: Ctx, as_json, check):
 @_locked
 def export(c: Ctx, allow_dirty, prune, force, as_json):
     """Regenerate patches/*.patch and patches/series from the commits above the base."""
+    c.project.pin()
     result = export_mod.export(c.tree, c.project.patches_dir, allow_dirty=allow_dirty, prune=prune, force=force)
     data = result.to_dict()
     click.echo(report.to_json(data) if as_json else report.export_text(data), nl=False)
@@ -249,8 +313,7 @@ def export(c: Ctx, allow_dirty, prune, force, as_json):
 @_locked
 def clean(c: Ctx, discard):
     """Remove the work tree (what `make clean` runs); refused while it holds work not in patches/."""
-    guard = None if discard else (lambda: _series(c, allow_empty=True))
-    removed = source.remove_tree(c.tree, guard)
+    removed = clean_mod.clean(c.project, c.tree, discard=discard)
     click.echo(f"removed {c.tree}" if removed else f"no work tree at {c.tree}; nothing to remove")
 
 
@@ -282,15 +345,9 @@ def build_wheel(c: Ctx, base_wheel, from_source, full_cuda_build, python, out_di
 
     s = series.load(c.project.patches_dir, allow_empty=True)
     echo = (lambda *_: None) if as_json else click.echo
-    kwargs = dict(base_wheel=base_wheel, allow_unexported=allow_unexported, quiet=as_json, echo=echo)
-    dest = out_dir or c.project.dist_dir
-    if from_source or full_cuda_build:
-        result = wheel_mod.build_from_source(c.project.pin(), s, c.tree, dest, full_cuda=full_cuda_build,
-                                             python=str(python) if python else None, **kwargs)
-    elif python:
-        raise UsageError("--python only applies to --from-source")
-    else:
-        result = wheel_mod.build_overlay(c.project.pin(), s, c.tree, dest, **kwargs)
+    result = wheel_mod.build(c.project.pin(), s, c.tree, out_dir or c.project.dist_dir, from_source=from_source,
+                             full_cuda=full_cuda_build, python=python, base_wheel=base_wheel,
+                             allow_unexported=allow_unexported, quiet=as_json, echo=echo)
     data = result.to_dict()
     click.echo(report.to_json(data) if as_json else wheel_mod.summary_text(data), nl=False)
 
@@ -324,28 +381,12 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
     """
     from smla import rebase as rebase_mod
 
-    if sum(map(bool, (onto, continue_, abort))) != 1:
-        raise UsageError("give exactly one of --onto COMMIT|VERSION, --continue, --abort")
     echo = (lambda *_: None) if as_json else click.echo
-    reports = dict(report_dir=report_dir, report_name=report_name)
-    try:
-        if abort:
-            result = rebase_mod.abort(c.project, c.tree, echo=echo, **reports)
-        elif continue_:
-            result = rebase_mod.continue_(c.project, c.tree, run_tests=run_tests, echo=echo, **reports)
-        else:
-            result = rebase_mod.start(c.project, c.tree, onto, source_spec=source_, upstream_commit=upstream_commit,
-                                      run_tests=run_tests, echo=echo, **reports)
-    except SmlaError as exc:
-        # A refused --onto leaves a report too (CI publishes it; an older report of that name must not look
-        # current). A refused --continue/--abort changed nothing: the stop's report stays as it is.
-        if onto and report_dir:
-            rebase_mod.write_refusal(exc, report_dir, report_name, action=f"--onto {onto}")
-        raise
-    if result.report_dir:
-        written = rebase_mod.write_reports(result, Path(result.report_dir), result.report_name, root=c.project.root)
-        if not as_json:
-            click.echo(f"report: {', '.join(str(p) for p in written)}", err=True)
+    result, written = rebase_mod.run(c.project, c.tree, onto=onto, continue_=continue_, abort=abort,
+                                     source_spec=source_, upstream_commit=upstream_commit, run_tests=run_tests,
+                                     report_dir=report_dir, report_name=report_name, echo=echo)
+    if written and not as_json:
+        click.echo(f"report: {', '.join(str(p) for p in written)}", err=True)
     click.echo(report.to_json(result.to_dict()) if as_json else rebase_mod.text(result), nl=False)
     result.raise_for_status()
 
@@ -382,30 +423,10 @@ def explain(c: Ctx, model, capability, dtype, kv_cache_dtype, heads, tp, tree_sp
     """
     from smla import explain as explain_mod
 
-    if matrix:
-        fixed = [name for name, given in (("--capability", capability is not None), ("--dtype", dtype != "auto"),
-                                          ("--kv-cache-dtype", kv_cache_dtype != "auto"),
-                                          ("--heads", heads is not None), ("--tp", tp != 1)) if given]
-        if fixed:
-            raise UsageError(f"--matrix covers every capability, dtype, KV-cache dtype and head count; "
-                             f"drop {', '.join(fixed)}")
-        cases = explain_mod.matrix_cases(model, backend=backend)
-    elif capability is None:
-        raise UsageError("--capability is required (or --matrix)", hint="e.g. --capability 12.0")
-    else:
-        cases = [explain_mod.Case(model, capability, dtype, kv_cache_dtype=kv_cache_dtype,
-                                  backend=backend, heads=heads, tp=tp)]
-    for case in cases:
-        explain_mod.to_cell(case)  # check the inputs before exporting a tree
-    tree, desc = explain_mod.resolve_tree(tree_spec, c.tree)
-    results = explain_mod.explain_many([(tree, cases)])[0]
-    if as_json:
-        data = [explain_mod.to_dict(r, desc) for r in results]
-        click.echo(report.to_json(data if matrix else data[0]), nl=False)
-    elif matrix:
-        click.echo(explain_mod.matrix_text(results, desc), nl=False)
-    else:
-        click.echo(explain_mod.text(results[0], desc), nl=False)
+    c.project.pin()
+    click.echo(explain_mod.run(c.tree, model, capability=capability, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                               heads=heads, tp=tp, tree_spec=tree_spec, backend=backend, matrix=matrix,
+                               as_json=as_json), nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

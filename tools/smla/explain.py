@@ -31,7 +31,7 @@ from typing import Any
 
 from smla import cache, proc, selection
 from smla.errors import TreeStateError, UsageError
-from smla.source import BASE_TAG
+from smla.treeinfo import BASE_TAG
 
 log = logging.getLogger("smla.explain")
 
@@ -131,6 +131,34 @@ def matrix_cases(model: str, backend: str | None = None) -> list[Case]:
             for c in selection.matrix_cells(presets=["-"])]
 
 
+def run(work_tree: Path, model: str, *, capability: str | None = None, dtype: str = "auto",
+        kv_cache_dtype: str = "auto", heads: int | None = None, tp: int = 1, tree_spec: str = TREE_PATCHED,
+        backend: str | None = None, matrix: bool = False, as_json: bool = False) -> str:
+    """`smla explain`: one case (or the whole matrix) on one tree, rendered as text or JSON."""
+    from smla import report
+
+    if matrix:
+        fixed = [name for name, given in (("--capability", capability is not None), ("--dtype", dtype != "auto"),
+                                          ("--kv-cache-dtype", kv_cache_dtype != "auto"),
+                                          ("--heads", heads is not None), ("--tp", tp != 1)) if given]
+        if fixed:
+            raise UsageError(f"--matrix covers every capability, dtype, KV-cache dtype and head count; "
+                             f"drop {', '.join(fixed)}")
+        cases = matrix_cases(model, backend=backend)
+    elif capability is None:
+        raise UsageError("--capability is required (or --matrix)", hint="e.g. --capability 12.0")
+    else:
+        cases = [Case(model, capability, dtype, kv_cache_dtype=kv_cache_dtype, backend=backend, heads=heads, tp=tp)]
+    for case in cases:
+        to_cell(case)  # check the inputs before exporting a tree
+    tree, desc = resolve_tree(tree_spec, work_tree)
+    results = explain_many([(tree, cases)])[0]
+    if as_json:
+        data = [to_dict(r, desc) for r in results]
+        return report.to_json(data if matrix else data[0])
+    return matrix_text(results, desc) if matrix else text(results[0], desc)
+
+
 # --------------------------------------------------------------------------
 # trees
 # --------------------------------------------------------------------------
@@ -166,8 +194,11 @@ def pristine_tree(work_tree: Path) -> Path:
     if (dest / "vllm" / "__init__.py").is_file():
         log.info("cached pristine tree: %s", dest)
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{base[:12]}.", suffix=".part"))
+    cache.writable_dir(dest.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{base[:12]}.", suffix=".part"))
+    except OSError as exc:
+        raise cache.unwritable(dest.parent, exc) from exc
     try:
         archive = tmp / "base.tar"
         proc.git(work_tree, "archive", "--format=tar", f"--output={archive}", base, "vllm")
@@ -202,7 +233,25 @@ def explain_many(jobs: list[tuple[Path, list[Case]]]) -> list[list[dict[str, Any
     for results in out:
         for r in results:
             _check(r)
+            _below_series_floor(r)
     return out
+
+
+# The series' Triton kernels (attention and indexer) are built and tested for sm80+ (bf16/fp16 tensor
+# cores); below it no backend is valid, and the indexer's "triton" answer would describe nothing that runs.
+SERIES_MIN_CAPABILITY = (8, 0)
+
+
+def _below_series_floor(r: dict[str, Any]) -> None:
+    ix = r.get("indexer")
+    if not ix or ix.get("path") != "triton" or not _CAP_RE.match(str(r.get("capability", ""))):
+        return
+    major, minor = (int(x) for x in r["capability"].split("."))
+    if (major, minor) >= SERIES_MIN_CAPABILITY:
+        return
+    r["indexer"] = {**ix, "path": "none",
+                    "reason": f"no indexer kernel runs at compute capability {r['capability']}: the series' "
+                              "portable Triton kernels need 8.0+, DeepGEMM 9.0+"}
 
 
 def explain(tree: Path, case: Case) -> dict[str, Any]:
@@ -211,7 +260,9 @@ def explain(tree: Path, case: Case) -> dict[str, Any]:
 
 def _check(r: dict[str, Any]) -> None:
     if r.get("input_error"):
-        raise UsageError(f"{r['preset']}: {r['input_error']}")
+        raise UsageError(f"{r['preset']}: {r['input_error']}",
+                         hint="check --tp (it must divide the model's attention heads), --heads, --dtype and "
+                              "--kv-cache-dtype; `smla explain --help` lists them")
     if r.get("not_mla"):
         m = r["model"]
         raise UsageError(

@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from smla import lock, proc, treestate
-from smla.apply import require_tree
 from smla.errors import ExportError, SeriesError, TreeStateError, cmd
 from smla.fsutil import atomic_write_bytes, atomic_write_text
 from smla.series import SERIES_FILE, load
-from smla.source import BASE_TAG
-from smla.treestate import FORMAT_PATCH_ARGS, commits_above_base, dirty_files
+from smla.treeinfo import BASE_TAG, commits_above_base, dirty_files, require_tree
+from smla.treestate import FORMAT_PATCH_ARGS
 
 @dataclass
 class ExportResult:

@@ -6,7 +6,10 @@ being replaced) and writes the holder's pid into it. A second process gets
 LockError "another smla run holds the lock on <tree> (pid N)" at once; it
 never waits. The file is removed on release; the kernel drops the lock when
 the holder dies, however it dies, so a crashed run never blocks the next
-one (a leftover file is simply locked again). Within one process the lock is re-entrant:
+one (a leftover file is simply locked again). Directories the lock had to
+create for its file (a fresh clone's `work/`) are removed again on release
+when the command left nothing in them (a refused first fetch leaves no empty
+`work/`). Within one process the lock is re-entrant:
 `smla patch` = fetch + apply, and rebase calls fetch/apply/export, all under
 the one lock.
 
@@ -51,6 +54,7 @@ def hold(tree: Path) -> Iterator[None]:
         finally:
             _held[key][1] -= 1
         return
+    created = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = _acquire(path, tree)
     try:
@@ -66,11 +70,20 @@ def hold(tree: Path) -> Iterator[None]:
             path.unlink()
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+        for d in created:  # innermost first; stops at the first one the command filled
+            try:
+                d.rmdir()
+            except OSError:
+                break
 
 
 def _acquire(path: Path, tree: Path) -> int:
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # another run removed the directory it had created: make it again
+            path.parent.mkdir(parents=True, exist_ok=True)
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

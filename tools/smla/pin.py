@@ -12,11 +12,16 @@ vllm/_version.py, written when `smla rebase --onto <release>` could not
 resolve the full id (PyPI access alone). An abbreviated commit is allowed
 only with an sdist: the sdist's sha256 then identifies the source, and
 everything that needs the full id (a git fetch) says so.
+
+Checked besides each value's form: `repo` is a URL (https/http/ssh/git/file),
+an scp-like `host:path` or a path; `sdist` is `vllm-<version>.tar.gz` (or
+.zip) of the pinned `version`. A Pin loaded from a file remembers where each
+key stands (`where(key)` -> "vllm-pin.txt:9"), so errors name the line.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from smla.errors import PinError
@@ -30,6 +35,8 @@ _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX_ABBREV = re.compile(r"^[0-9a-f]{7,39}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*([a-z0-9.+-]*)$")
+_URL = re.compile(r"^(https?|ssh|git|git\+ssh)://[^/\s]+(/\S*)?$|^file:///\S*$")
+_SCP = re.compile(r"^([A-Za-z0-9._-]+@)?[A-Za-z0-9.-]+:[^/\s]\S*$")
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,15 @@ class Pin:
     sdist: str
     sdist_sha256: str
     commit_kind: str = FULL
+    # Where the pin was read from: the file and {key: line number} (not part of the pin's value).
+    origin: str = field(default="", compare=False, repr=False)
+    lines: tuple = field(default=(), compare=False, repr=False)
+
+    def where(self, key: str) -> str:
+        """'vllm-pin.txt:9' (the file and line of `key`), or the file alone, or '<pin>'."""
+        line = dict(self.lines).get(key)
+        name = self.origin or "<pin>"
+        return f"{name}:{line}" if line else name
 
     @property
     def has_sdist(self) -> bool:
@@ -63,38 +79,61 @@ class Pin:
         return new
 
     def validate(self, where: str) -> None:
+        def fail(key: str, msg: str) -> PinError:
+            loc = self.where(key) if self.lines else where
+            return PinError(f"{loc}: {msg}",
+                            hint=f"fix the `{key} = ...` line ({loc}); the file's header lists the keys. "
+                                 "`git diff vllm-pin.txt` shows local edits, "
+                                 "`git checkout -- vllm-pin.txt` restores the committed pin")
+
         if self.commit_kind not in (FULL, ABBREVIATED):
-            raise PinError(f"{where}: commit_kind must be {FULL!r} or {ABBREVIATED!r}, got {self.commit_kind!r}")
+            raise fail("commit_kind", f"commit_kind must be {FULL!r} or {ABBREVIATED!r}, got {self.commit_kind!r}")
         if self.commit_kind == FULL and not _HEX40.match(self.commit):
-            raise PinError(f"{where}: commit must be 40 lowercase hex digits, got {self.commit!r}"
-                           + (" (an abbreviated id needs `commit_kind = abbreviated`)"
-                              if _HEX_ABBREV.match(self.commit) else ""))
+            raise fail("commit", f"commit must be 40 lowercase hex digits, got {self.commit!r}"
+                       + (" (an abbreviated id needs `commit_kind = abbreviated`)"
+                          if _HEX_ABBREV.match(self.commit) else ""))
         if self.commit_kind == ABBREVIATED:
             if not _HEX_ABBREV.match(self.commit):
-                raise PinError(f"{where}: an abbreviated commit must be 7-39 lowercase hex digits, "
-                               f"got {self.commit!r}")
+                raise fail("commit", f"an abbreviated commit must be 7-39 lowercase hex digits, got {self.commit!r}")
             if self.sdist == NONE:
-                raise PinError(f"{where}: an abbreviated commit needs an sdist (its sha256 identifies the "
-                               "source); a commit pin needs the full 40-hex id")
+                raise fail("commit_kind", "an abbreviated commit needs an sdist (its sha256 identifies the "
+                                          "source); a commit pin needs the full 40-hex id")
         if not _VERSION.match(self.version):
-            raise PinError(f"{where}: version {self.version!r} is not a release version")
+            raise fail("version", f"version {self.version!r} is not a release version")
         if self.repo.startswith("-"):
-            raise PinError(f"{where}: repo must be a URL or path, not an option")
+            raise fail("repo", "repo must be a URL or path, not an option")
+        if not valid_repo(self.repo):
+            raise fail("repo", f"repo {self.repo!r} is not a git URL (https://..., ssh://..., git@host:path) "
+                               "or a path")
         if (self.sdist == NONE) != (self.sdist_sha256 == NONE):
-            raise PinError(f"{where}: sdist and sdist_sha256 must both be 'none' or both be set")
+            raise fail("sdist", "sdist and sdist_sha256 must both be 'none' or both be set")
         if self.sdist == NONE:
             return
         if not _HEX64.match(self.sdist_sha256):
-            raise PinError(f"{where}: sdist_sha256 must be 64 lowercase hex digits")
+            raise fail("sdist_sha256", "sdist_sha256 must be 64 lowercase hex digits")
         if "/" in self.sdist or not self.sdist.endswith((".tar.gz", ".zip")):
-            raise PinError(f"{where}: sdist must be a file name like vllm-X.Y.Z.tar.gz (or none)")
+            raise fail("sdist", "sdist must be a file name like vllm-X.Y.Z.tar.gz (or none)")
+        expected = (f"vllm-{self.version}.tar.gz", f"vllm-{self.version}.zip")
+        if self.sdist not in expected:
+            raise fail("sdist", f"sdist {self.sdist!r} is not the sdist of the pinned version {self.version} "
+                                f"({expected[0]})")
+
+
+def valid_repo(repo: str) -> bool:
+    """A git URL, an scp-like `[user@]host:path`, or a filesystem path (absolute, ~, or with a /)."""
+    if not repo or any(c.isspace() for c in repo):
+        return False
+    return bool(_URL.match(repo) or _SCP.match(repo) or repo.startswith(("/", "~", "./", "../")))
 
 
 def load(path: Path) -> Pin:
     """Read and validate a pin file."""
     if not path.is_file():
-        raise PinError(f"pin file not found: {path}", hint="run smla from the toolkit's checkout")
+        raise PinError(f"pin file not found: {path}",
+                       hint="run smla inside the toolkit's checkout, or pass --root; "
+                            "`git checkout -- vllm-pin.txt` restores a deleted pin")
     values: dict[str, str] = {}
+    where: dict[str, int] = {}
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -111,10 +150,11 @@ def load(path: Path) -> Pin:
         if key in values:
             raise PinError(f"{path}:{lineno}: duplicate key {key!r}")
         values[key] = value
+        where[key] = lineno
     missing = [k for k in KEYS if k not in values]
     if missing:
         raise PinError(f"{path}: missing key(s): {', '.join(missing)}")
-    pin = Pin(**values)
+    pin = Pin(**values, origin=str(path), lines=tuple(sorted(where.items())))
     pin.validate(str(path))
     return pin
 
@@ -124,7 +164,7 @@ def save(path: Path, pin: Pin) -> None:
     from smla.fsutil import atomic_write_text
 
     lines = path.read_text().splitlines(keepends=True)
-    new_values = {f.name: getattr(pin, f.name) for f in fields(pin)}
+    new_values = {k: getattr(pin, k) for k in (*KEYS, *OPTIONAL_KEYS)}
     out: list[str] = []
     seen = set()
     commit_at = None

@@ -9,7 +9,8 @@ which logs the command line before running it. `git` is `run` with:
 - no system or global git config, a fixed identity and neutral options, so
   results do not depend on ~/.gitconfig.
 `scratch_worktree` is the one way to get a throw-away checkout of a tree's
-commit (apply, rebase and build-wheel use it).
+commit (apply, rebase and build-wheel use it); `sweep_scratch` removes the
+ones a killed run (SIGKILL, a second Ctrl-C) could not remove itself.
 """
 from __future__ import annotations
 
@@ -137,19 +138,60 @@ def git_out(cwd: Path | str, *args: str | os.PathLike) -> str:
     return git(cwd, *args).stdout.strip()
 
 
+SCRATCH_PREFIX = ".smla-"  # every scratch worktree's directory name starts with it
+
+
 @contextlib.contextmanager
 def scratch_worktree(tree: Path, rev: str, *, prefix: str, parent: Path | None = None,
                      checkout: bool = True) -> Iterator[Path]:
     """A detached `git worktree` of `tree` at `rev` in a fresh directory (beside
-    the tree unless `parent`), removed with its administrative files afterwards."""
+    the tree unless `parent`), removed with its administrative files afterwards,
+    also when the `worktree add` itself is interrupted (Ctrl-C, SIGTERM)."""
+    assert prefix.startswith(SCRATCH_PREFIX), prefix
     base = parent or tree.parent
     base.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-    scratch.rmdir()
-    git(tree, "worktree", "add", "-q", "--detach", *(() if checkout else ("--no-checkout",)), scratch, rev)
     try:
+        scratch.rmdir()
+        git(tree, "worktree", "add", "-q", "--detach", *(() if checkout else ("--no-checkout",)), scratch, rev)
         yield scratch
     finally:
-        git(tree, "worktree", "remove", "--force", scratch, check=False)
-        shutil.rmtree(scratch, ignore_errors=True)
-        git(tree, "worktree", "prune", check=False)
+        _remove_scratch(tree, scratch)
+
+
+def _remove_scratch(tree: Path, scratch: Path) -> None:
+    # Twice --force: a worktree whose `add` was interrupted is still locked ("initializing").
+    git(tree, "worktree", "remove", "--force", "--force", scratch, check=False)
+    shutil.rmtree(scratch, ignore_errors=True)
+    git(tree, "worktree", "prune", check=False)
+
+
+def sweep_scratch(tree: Path) -> list[Path]:
+    """Remove the scratch worktrees of `tree` that an earlier, killed run left behind; return them.
+
+    Call only while holding the tree's lock (smla.lock): every scratch worktree is made under it,
+    so any that exists then is stale. Only directories named SCRATCH_PREFIX* that git lists as
+    worktrees of `tree`, or whose `.git` file points into `tree`'s repository, are touched."""
+    if not (tree / ".git").is_dir():
+        return []
+    gitdir = (tree / ".git").resolve()
+    found: set[Path] = set()
+    listed = git(tree, "worktree", "list", "--porcelain", check=False).stdout
+    for line in listed.splitlines():
+        if line.startswith("worktree "):
+            p = Path(line[len("worktree "):])
+            if p.name.startswith(SCRATCH_PREFIX) and p.resolve() != tree.resolve():
+                found.add(p)
+    for p in tree.parent.glob(f"{SCRATCH_PREFIX}*"):
+        dotgit = p / ".git"
+        try:
+            text = dotgit.read_text() if dotgit.is_file() else ""
+        except OSError:
+            continue
+        if text.startswith("gitdir: ") and Path(text[len("gitdir: "):].strip()).resolve().is_relative_to(gitdir):
+            found.add(p)
+    for p in sorted(found):
+        log.warning("removing %s, a scratch worktree an interrupted smla run left behind", p)
+        _remove_scratch(tree, p)
+    git(tree, "worktree", "prune", check=False)
+    return sorted(found)

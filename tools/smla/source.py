@@ -24,69 +24,19 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from smla import cache, lock, proc
+from smla import cache, lock, proc, treestate
 from smla.errors import ChecksumError, CommandError, FetchError, TreeStateError, UsageError, cmd
 from smla.fsutil import sha256_file, umask
 from smla.pin import Pin
+from smla.treeinfo import BASE_TAG, BRANCH, TreeInfo, lost_base_tag, read_tree_info, rebase_in_progress
 
 log = logging.getLogger("smla.source")
 
-BASE_TAG = "smla-base"
-# Where `smla rebase` keeps its state while stopped on a conflict (inside .git).
-REBASE_STATE_DIR = "smla-rebase"
-BRANCH = "smla"
 # Fixed dates make a base commit made from an sdist identical on every machine.
 FIXED_DATE = "2000-01-01T00:00:00+0000"
 FIXED_DATE_ENV = {"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE}
-
-
-@dataclass(frozen=True)
-class TreeInfo:
-    """What a work tree's git config says about it."""
-
-    path: Path
-    upstream_commit: str
-    version: str
-    source: str  # "git" or "sdist"
-    base: str  # commit id of BASE_TAG
-
-    def to_dict(self) -> dict:
-        return {
-            "path": str(self.path),
-            "upstream_commit": self.upstream_commit,
-            "version": self.version,
-            "source": self.source,
-            "base": self.base,
-        }
-
-
-def read_tree_info(tree: Path) -> TreeInfo | None:
-    """TreeInfo of an existing smla work tree, None when `tree` is not one."""
-    if not (tree / ".git").exists():
-        return None
-    cfg = proc.git(tree, "config", "--get-regexp", r"^smla\.", check=False).stdout
-    values = dict(line.split(" ", 1) for line in cfg.splitlines() if " " in line)
-    base = proc.git(tree, "rev-parse", "-q", "--verify", f"refs/tags/{BASE_TAG}^{{commit}}", check=False)
-    if "smla.upstream" not in values or base.returncode != 0:
-        return None
-    return TreeInfo(
-        path=tree,
-        upstream_commit=values["smla.upstream"],
-        version=values.get("smla.version", "?"),
-        source=values.get("smla.source", "?"),
-        base=base.stdout.strip(),
-    )
-
-
-def rebase_in_progress(tree: Path) -> bool:
-    """True while a `smla rebase` is stopped in `tree` (its state file exists)."""
-    if not (tree / ".git").exists():
-        return False
-    rel = Path(proc.git_out(tree, "rev-parse", "--git-path", f"{REBASE_STATE_DIR}/state.json"))
-    return (rel if rel.is_absolute() else tree / rel).is_file()
 
 
 def fetch(pin: Pin, tree: Path, source: str = "auto", *, force: bool = False, echo=print,
@@ -108,8 +58,7 @@ def _fetch_locked(pin: Pin, tree: Path, source: str, *, force: bool, echo, guard
         echo(f"work tree {tree} is already at vLLM {pin.version} ({pin.short}); nothing to fetch")
         return info
 
-    from smla import treestate  # (treestate imports this module)
-
+    sweep_leftovers(tree)
     tree.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{tree.name}.", suffix=".fetching", dir=tree.parent))
     old = None
@@ -140,6 +89,17 @@ def _fetch_locked(pin: Pin, tree: Path, source: str, *, force: bool, echo, guard
     return info
 
 
+def sweep_leftovers(tree: Path) -> None:
+    """Remove what a killed run left beside `tree`: scratch worktrees (proc.sweep_scratch) and
+    half-filled or replaced trees of a fetch. Only while holding the tree's lock."""
+    if (tree / ".git").is_dir():
+        proc.sweep_scratch(tree)
+    for pattern in (f".{tree.name}.*.fetching", f".{tree.name}.*.replaced"):
+        for p in tree.parent.glob(pattern):
+            log.warning("removing %s, left behind by an interrupted fetch", p)
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def _check_target(pin: Pin, tree: Path, force: bool, guard) -> TreeInfo | None:
     """What is at `tree` and whether fetch may proceed; the tree's info when it is an smla tree at
     the pin (and not forced) or when force may replace it; None when nothing (or an empty dir) is there."""
@@ -161,7 +121,10 @@ def _check_target(pin: Pin, tree: Path, force: bool, guard) -> TreeInfo | None:
             hint=f"run {cmd('smla', 'fetch', '--force')} to replace it (refused while it holds unexported work), "
                  f"or {cmd('smla', 'rebase', '--onto', pin.version)} to move the series",
         )
-    if tree.exists() and info is None and any(tree.iterdir()):
+    lost = lost_base_tag(tree) if info is None else None
+    if lost is not None and not (force and guard is None):  # --force --discard replaces it
+        raise lost
+    if tree.exists() and info is None and lost is None and any(tree.iterdir()):
         raise TreeStateError(
             f"{tree} exists and is not an smla work tree; refusing to touch it",
             hint="choose another --tree, or remove that directory yourself",
@@ -210,46 +173,42 @@ def _fill(pin: Pin, repo: Path, source: str, echo) -> str:
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
         _from_sdist(pin, path, repo, verify=True)
         return "sdist"
-    raise FetchError(
-        f"--source {source!r}: not 'git', 'sdist', 'auto', a git checkout/mirror or an sdist file",
+    raise UsageError(
+        f"--source {source!r}: not 'git', 'sdist', 'auto', a git checkout/mirror or an sdist file"
+        + ("" if path.exists() else " (no such path)"),
+        hint="give --source auto|git|sdist, the path of a local vLLM checkout or mirror, or of a "
+             f"vllm-{pin.version}.tar.gz",
     )
 
 
-def remove_tree(tree: Path, series_guard: Callable[[], object] | None) -> bool:
-    """Remove a work tree (`smla clean`); False when there is none.
-
-    With `series_guard` (a callable giving the Series), refuse a directory
-    that is not an smla work tree, a stopped rebase, and a tree holding work
-    not in patches/ (treestate.check_replaceable); without it, remove
-    whatever is there (`--discard`).
-    """
-    if not tree.exists():
-        return False
-    if series_guard is not None:
-        if read_tree_info(tree) is None and tree.is_dir() and any(tree.iterdir()):
-            raise UsageError(f"{tree} is not an smla work tree; refusing to remove it",
-                             hint="remove it yourself if you mean it")
-        if rebase_in_progress(tree):
-            raise UsageError(f"a `smla rebase` is stopped in {tree}",
-                             hint=f"{cmd('smla', 'rebase', '--abort')} first, or add --discard")
-        from smla import treestate  # treestate imports this module
-
-        treestate.check_replaceable(tree, series_guard())
-    shutil.rmtree(tree)
-    return True
-
-
 def sdist_path(pin: Pin) -> Path:
-    """The verified cached sdist of the pinned release (downloaded when missing)."""
+    """The verified cached sdist of the pinned release (downloaded when missing).
+
+    Verified against the pin: a cached file matching `sdist_sha256` is used
+    without any network. Otherwise the package index's sha256 for the file is
+    compared with the pin's first; when they differ the pin is refused (the
+    cached file, if any, is kept) with a hint naming the pin's line."""
     if not pin.has_sdist:
         raise FetchError(
             f"the pinned commit {pin.short} is not a release: no sdist holds it (sdist = none)",
             hint=f"fetch it with git: {cmd('smla', 'fetch', '--source', 'git')}, or --source PATH of a mirror",
         )
-    dest = cache.cache_dir() / "downloads" / pin.sdist
-    return cache.fetch(
-        lambda: cache.pypi_file("vllm", pin.sdist)[0], dest, pin.sdist_sha256, what=pin.sdist
-    )
+    dest = cache.downloads_dir() / pin.sdist
+    if dest.is_file() and sha256_file(dest) == pin.sdist_sha256:
+        return dest
+    url, index_sha = cache.pypi_file("vllm", pin.sdist)
+    line = pin.where("sdist_sha256")
+    if index_sha and index_sha != pin.sdist_sha256:
+        cached = dest.is_file() and sha256_file(dest) == index_sha
+        raise ChecksumError(
+            f"{pin.sdist}: the pin's sdist_sha256 ({line}) is {pin.sdist_sha256}, but the package index "
+            f"lists {index_sha}" + (f"; the cached {dest} matches the index and is kept" if cached else ""),
+            hint=f"check `sdist_sha256` at {line} (`git diff vllm-pin.txt` shows local edits); if the "
+                 f"index is right, set it to {index_sha}",
+        )
+    return cache.fetch(url, dest, pin.sdist_sha256, what=pin.sdist,
+                       mismatch_hint=f"the download was corrupted, or `sdist_sha256` at {line} is wrong; "
+                                     "run the command again, and compare the pin with the package index")
 
 
 def is_local_repo(spec: str | Path) -> bool:
@@ -342,7 +301,10 @@ def _from_sdist(pin: Pin, archive: Path, repo: Path, *, verify: bool = False) ->
     if verify:
         got = sha256_file(archive)
         if got != pin.sdist_sha256:
-            raise ChecksumError(f"{archive}: sha256 {got} does not match the pin's {pin.sdist_sha256}")
+            raise ChecksumError(f"{archive}: sha256 {got} does not match the pin's {pin.sdist_sha256} "
+                                f"({pin.where('sdist_sha256')})",
+                                hint=f"pass the sdist of vLLM {pin.version} ({pin.sdist}), or check "
+                                     f"`sdist_sha256` at {pin.where('sdist_sha256')}")
     recorded = sdist_commit(archive)
     if recorded and not pin.commit.startswith(recorded):
         raise FetchError(

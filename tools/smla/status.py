@@ -9,12 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from smla import treestate
-from smla.apply import ALREADY, PENDING, UPSTREAM, require_tree
-from smla.errors import cmd
+from smla.errors import NotInSync, cmd
 from smla.pin import Pin
 from smla.series import Series
-from smla.source import rebase_in_progress
-from smla.treestate import check_replaceable  # noqa: F401  (the fetch --force guard lives in treestate)
+from smla.treeinfo import ALREADY, PENDING, UPSTREAM, rebase_in_progress, require_tree
 
 HEADLINES = {
     treestate.IN_SYNC: "in sync: the tree's commits are exactly patches/",
@@ -40,15 +38,21 @@ def status(pin: Pin, tree: Path, series: Series) -> dict:
             state = "dropped"
         elif p.name in st.pending:
             state = PENDING
+        elif p.name in st.inexact:
+            state = "fuzzed"  # applied with fuzz/offsets: its commit differs from the file
         else:
             state = "edited"  # its commit was rewritten in the tree
         patches.append({"name": p.name, "subject": p.subject, "state": state, "commit": st.carried.get(p.name)})
     stopped = rebase_in_progress(tree)
-    matches_pin = info.upstream_commit == pin.commit
+    matches_pin = info.upstream_commit == pin.commit and info.version == pin.version
     hint = st.advice()
     if stopped:
         hint = (f"a rebase is stopped: finish it with {cmd('smla', 'rebase', '--continue')} "
                 f"or undo it with {cmd('smla', 'rebase', '--abort')}")
+    elif info.upstream_commit == pin.commit and info.version != pin.version:
+        hint = (f"the pin names the tree's commit {pin.short} but version {pin.version}, and that commit is "
+                f"vLLM {info.version}: fix `version` at {pin.where('version')} "
+                f"(`git diff vllm-pin.txt` shows local edits)")
     elif not matches_pin and not st.tree_work:
         hint = f"the tree is not at the pin: {cmd('smla', 'fetch', '--force')} then {cmd('smla', 'apply')}"
     return {
@@ -69,9 +73,22 @@ def status(pin: Pin, tree: Path, series: Series) -> dict:
         "stale_commits": [{"commit": c, "subject": s} for c, s in st.stale],
         "unexported": [f"{c[:12]} {s}" for c, s in st.edited],
         "uncommitted": st.uncommitted,
+        "inexact": st.inexact,
         "hint": hint,
         "rebase_in_progress": stopped,
     }
+
+
+def check(s: dict) -> None:
+    """`status --check`: raise NotInSync (exit 7) unless the tree is at the pin and equals patches/.
+    Under --json the status object already printed is the whole output (`reported`)."""
+    if s["in_sync"]:
+        return
+    why = s["state"] if s["matches_pin"] else f"{s['state']}, and the tree is not at the pin"
+    err = NotInSync(f"the work tree does not equal patches/ ({why})",
+                    hint=s["hint"] or f"{cmd('smla', 'status')} shows the difference")
+    err.reported = True
+    raise err
 
 
 def text(s: dict) -> str:

@@ -25,6 +25,9 @@ was built from, so a difference can be put on the right side:
   dropped   a patch unchanged since the record lost its commit -> tree edit
   pending   not applied yet (fresh tree), or no record to explain why (a
             tree made by an older smla, or its base moved, e.g. by a rebase)
+  inexact   applied with fuzz or offsets (`apply --fuzz N`): its commit does
+            not export to the file's bytes, so the record says so and the
+            commit counts as tree work (`smla export` rewrites the patch)
 Kinds (State.kind): in-sync, patches-newer (apply rebuilds), tree-edited
 (export saves), diverged (both: refused, with both ways out).
 
@@ -34,18 +37,20 @@ API (all take the tree path and a loaded series.Series):
   require_in_sync(tree, series, what, error=TreeStateError)
                                      raise unless equal (build-wheel, rebase)
   check_replaceable(tree, series)    raise if replacing the tree loses work
-                                     (fetch --force, clean)
+  keep_work(load_series) -> guard    that check as the guard fetch --force
+                                     and clean take
   record(tree, series, carried)      remember {patch name: commit or None}
                                      as the applied state (apply, export)
   record_empty(tree)                 a fresh tree holds no patches (fetch)
-  commits_above_base, dirty_files, render_commit, FORMAT_PATCH_ARGS
+  render_commit, FORMAT_PATCH_ARGS
+(the tree's plain facts, base tag, commits above it, dirty files: smla.treeinfo)
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +58,7 @@ from smla import proc
 from smla.errors import SmlaError, TreeStateError, cmd
 from smla.fsutil import atomic_write_text
 from smla.series import Patch, Series
-from smla.source import BASE_TAG
+from smla.treeinfo import BASE_TAG, commits_above_base, dirty_files, read_tree_info
 
 RECORD_VERSION = 1
 IN_SYNC = "in-sync"
@@ -73,17 +78,6 @@ FORMAT_PATCH_ARGS = (
 
 
 # ----------------------------------------------------------------- git queries
-
-
-def commits_above_base(tree: Path) -> list[tuple[str, str]]:
-    """(commit id, subject) of each commit on the branch above the base, oldest first."""
-    out = proc.git(tree, "log", "--reverse", "--format=%H%x00%s", f"{BASE_TAG}..HEAD").stdout
-    return [tuple(line.split("\0", 1)) for line in out.splitlines() if line]  # type: ignore[misc]
-
-
-def dirty_files(tree: Path) -> list[str]:
-    out = proc.git(tree, "status", "--porcelain", "--untracked-files=all").stdout
-    return [line[3:] for line in out.splitlines() if line.strip()]
 
 
 def render_commit(tree: Path, commit: str) -> bytes:
@@ -118,10 +112,18 @@ def read_record(tree: Path) -> dict | None:
     return data if data.get("base") == base.stdout.strip() else None
 
 
-def record(tree: Path, series: Series, carried: Mapping[str, str | None]) -> None:
-    """Remember that the tree's commits carry `series`: {patch name: commit id, or None = upstream}."""
-    entries = [{"name": p.name, "sha256": _sha(p.path.read_bytes()), "commit": carried.get(p.name)}
-               for p in series.patches if p.name in carried]
+def record(tree: Path, series: Series, carried: Mapping[str, str | None], inexact: frozenset[str] = frozenset()
+           ) -> None:
+    """Remember that the tree's commits carry `series`: {patch name: commit id, or None = upstream}.
+    Patches in `inexact` went in with fuzz or offsets: their commits were made from the file but do
+    not export to its bytes."""
+    entries = []
+    for p in series.patches:
+        if p.name in carried:
+            entry = {"name": p.name, "sha256": _sha(p.path.read_bytes()), "commit": carried.get(p.name)}
+            if p.name in inexact:
+                entry["inexact"] = True
+            entries.append(entry)
     _write(tree, entries)
 
 
@@ -163,6 +165,7 @@ class State:
     pending: list[str] = field(default_factory=list)
     order_ok: bool = True
     uncommitted: list[str] = field(default_factory=list)
+    inexact: list[str] = field(default_factory=list)  # patches whose commit went in with fuzz/offsets
 
     # -- the questions commands ask
 
@@ -224,6 +227,9 @@ class State:
         if self.uncommitted:
             out.append(f"commit the uncommitted changes ({cmd('git', '-C', t, 'commit', '-a')}), then "
                        f"{cmd('smla', 'export')}")
+        elif self.inexact and len(self.inexact) == len(self.edited):
+            out.append(f"{cmd('smla', 'export')} rewrites {', '.join(self.inexact)} from the commits they made "
+                       "(applied with fuzz or offsets, they differ from the files)")
         elif self.edited:
             out.append(f"{cmd('smla', 'export')} saves the tree's commits to patches/")
         if self.dropped:
@@ -272,7 +278,7 @@ def compare(tree: Path, series: Series) -> State:
     for cid, subject in commits:
         name = None
         e = rec_by_commit.get(cid)
-        if e is not None:
+        if e is not None and not e.get("inexact"):
             name = next((n for n in data if sha[n] == e["sha256"] and n not in st.carried), None)
         if name is None:
             rendered = render_commit(tree, cid)
@@ -280,6 +286,9 @@ def compare(tree: Path, series: Series) -> State:
         if name is not None:
             st.carried[name] = cid
             commit_patch[cid] = name
+        elif e is not None and e.get("inexact"):  # made from the file with fuzz: tree work, not stale
+            st.edited.append((cid, subject))
+            st.inexact.append(e["name"])
         elif cid in rec_by_commit:
             st.stale.append((cid, subject))
         else:
@@ -351,7 +360,8 @@ def describe(st: State) -> str:
     if st.patches_newer:
         parts.append(f"patches/ changed since the tree {st.tree} was built ({st.changed_text()})")
     if st.edited:
-        parts.append(f"the tree {st.tree} has commits not in patches/ ({st.edited_text()})")
+        parts.append(f"the tree {st.tree} has commits not in patches/ ({st.edited_text()})"
+                     + (f"; {', '.join(st.inexact)} went in with fuzz or offsets" if st.inexact else ""))
     if st.uncommitted:
         shown = ", ".join(st.uncommitted[:5]) + (" ..." if len(st.uncommitted) > 5 else "")
         parts.append(f"the tree {st.tree} has uncommitted changes ({shown})")
@@ -362,11 +372,19 @@ def describe(st: State) -> str:
     return "; ".join(parts) or "the tree equals the series"
 
 
+Guard = Callable[[Path], None]
+
+
+def keep_work(load_series: Callable[[], Series]) -> Guard:
+    """The one guard protocol of commands that replace or remove a tree (fetch --force, clean): a
+    callable taking the tree that raises when that would lose work not in patches/ (check_replaceable).
+    The series is loaded when the guard runs, only for a tree that exists."""
+    return lambda tree: check_replaceable(tree, load_series())
+
+
 def check_replaceable(tree: Path, series: Series) -> None:
     """Refuse to replace a tree holding work not saved in patches/ (uncommitted or unexported commits).
     A tree that only lags behind patches/ loses nothing and may be replaced."""
-    from smla.source import read_tree_info
-
     if read_tree_info(tree) is None:
         return
     st = compare(tree, series)

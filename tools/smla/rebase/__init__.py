@@ -23,27 +23,58 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from smla import apply as apply_mod
-from smla import export as export_mod
-from smla import proc, source, treestate
+from smla.apply import apply_series
+from smla.export import export as export_patches
+from smla import proc, source, treeinfo, treestate
 from smla import pin as pin_mod
 from smla import series as series_mod
-from smla.errors import RebaseConflict, TreeStateError, cmd
+from smla.errors import RebaseConflict, SmlaError, TreeStateError, UsageError, cmd
 from smla.fsutil import atomic_write_text
 from smla.project import Project
 from smla.rebase import replay, state as state_mod
 from smla.rebase import target as target_mod
 from smla.rebase.replay import WORK_BRANCH
 from smla.rebase.report import (  # noqa: F401  (the public names of the package)
-    CONFLICT, DESCRIPTIONS, MERGED, OFFSETS, PENDING, RESOLVED, SKIPPED, UNCHANGED, UPSTREAM,
+    CONFLICT, DESCRIPTIONS, MERGED, OFFSETS, RESOLVED, SKIPPED, UNCHANGED,
     Outcome, RebaseResult, markdown, resolve_hint, text, write_refusal, write_reports,
 )
 from smla.rebase.state import STATE_DIR, STATE_VERSION, state_path  # noqa: F401
 from smla.rebase.target import Target  # noqa: F401
 from smla.series import SERIES_FILE
+from smla.treeinfo import PENDING, UPSTREAM  # noqa: F401  (outcomes shared with apply)
 
 
 # --------------------------------------------------------------------------- entry points
+
+
+def run(project: Project, tree: Path, *, onto: str | None = None, continue_: bool = False, abort: bool = False,
+        source_spec: str = "auto", upstream_commit: str | None = None, run_tests: bool = False,
+        report_dir: Path | None = None, report_name: str | None = None, echo=print
+        ) -> tuple[RebaseResult, list[Path]]:
+    """`smla rebase`: exactly one of `onto`, `continue_`, `abort`; then the reports.
+
+    Returns the result and the report files written (where --report-dir, given now or remembered by
+    the stopped rebase, says). A refused --onto leaves a report too (CI publishes it; an older report
+    of that name must not look current); a refused --continue/--abort changed nothing, so the stop's
+    report stays as it is."""
+    if sum(map(bool, (onto, continue_, abort))) != 1:
+        raise UsageError("give exactly one of --onto COMMIT|VERSION, --continue, --abort")
+    reports = dict(report_dir=report_dir, report_name=report_name)
+    try:
+        if abort:
+            result = _abort(project, tree, echo=echo, **reports)
+        elif continue_:
+            result = _continue(project, tree, run_tests=run_tests, echo=echo, **reports)
+        else:
+            result = start(project, tree, onto, source_spec=source_spec, upstream_commit=upstream_commit,
+                           run_tests=run_tests, echo=echo, **reports)
+    except SmlaError as exc:
+        if onto and report_dir:
+            write_refusal(exc, report_dir, report_name, action=f"--onto {onto}")
+        raise
+    written = (write_reports(result, Path(result.report_dir), result.report_name, root=project.root)
+               if result.report_dir else [])
+    return result, written
 
 
 def start(
@@ -64,7 +95,7 @@ def start(
     and `--abort` write their reports to the same place (the CLI writes them).
     """
     tree = tree.absolute()
-    if source.rebase_in_progress(tree):
+    if treeinfo.rebase_in_progress(tree):
         st = state_mod.load(tree)
         raise TreeStateError(
             f"a rebase onto {st['target']['spec']} is already in progress in {tree}",
@@ -76,6 +107,10 @@ def start(
     info = _prepare_tree(project, old_pin, series, tree, source_spec, echo)
 
     target = target_mod.resolve(kind, spec, old_pin, source_spec, upstream_commit)
+    older = target_mod.older_than(target, old_pin)
+    if older:
+        target.notes.append(older)
+        echo(f"note: {older}")
     old = {"base": info.base, "upstream_commit": info.upstream_commit, "version": info.version,
            "source": info.source, "commit_kind": old_pin.commit_kind}
     if target_mod.same_commit(target.commit, info.upstream_commit) and target.version == info.version:
@@ -146,7 +181,7 @@ def continue_(project: Project, tree: Path, *, run_tests: bool = False, report_d
                     f"patch is left (already upstream), run {skip}; then `smla rebase --continue`")
             raise RebaseConflict(f"cannot continue patch {out.name}: "
                                  f"{msg.splitlines()[-1] if msg else 'git am failed'}", hint=hint)
-    dirty = apply_mod.dirty_files(tree)
+    dirty = treeinfo.dirty_files(tree)
     if dirty:
         raise TreeStateError(
             f"{tree} has uncommitted changes ({', '.join(dirty[:5])}) after the conflict of {out.name}",
@@ -181,7 +216,7 @@ def abort(project: Project, tree: Path, *, report_dir: Path | None = None, repor
         proc.git(tree, "checkout", "-q", "-f", "--detach", state["orig_head"])
     if state["orig_branch"] != WORK_BRANCH:
         proc.git(tree, "branch", "-q", "-D", WORK_BRANCH, check=False)
-    proc.git(tree, "tag", "-f", source.BASE_TAG, state["orig_base"])
+    proc.git(tree, "tag", "-f", treeinfo.BASE_TAG, state["orig_base"])
     for key, value in state["orig_config"].items():
         proc.git(tree, "config", key, value)
     state_mod.restore_files(tree, Path(state["pin_file"]), Path(state["patches_dir"]), state["backup_files"])
@@ -191,6 +226,9 @@ def abort(project: Project, tree: Path, *, report_dir: Path | None = None, repor
                           state["pin_before"], state["pin_before"], stops=state.get("stops", []))
     result.report_dir, result.report_name = state.get("report", {}).get("dir"), state.get("report", {}).get("name")
     return result
+
+
+_abort, _continue = abort, continue_  # for run(), whose flags carry these names
 
 
 def _report_dir(d: Path | None) -> str | None:
@@ -219,16 +257,16 @@ def _replay(project: Project, tree: Path, state: dict, run_tests: bool, echo) ->
 def _finish(project: Project, tree: Path, state: dict, outs: list[Outcome], run_tests: bool, echo) -> RebaseResult:
     target = state["target"]
     commit_kind = target.get("commit_kind", pin_mod.FULL)
-    branch = state["orig_branch"] or source.BRANCH
+    branch = state["orig_branch"] or treeinfo.BRANCH
     proc.git(tree, "checkout", "-q", "-B", branch)
     if branch != WORK_BRANCH:
         proc.git(tree, "branch", "-q", "-D", WORK_BRANCH, check=False)
-    proc.git(tree, "tag", "-f", source.BASE_TAG, state["new_base"])
+    proc.git(tree, "tag", "-f", treeinfo.BASE_TAG, state["new_base"])
     _set_tree_config(tree, target["commit"], target["version"], target["source"])
 
     patches_dir = Path(state["patches_dir"])
-    if apply_mod.commits_above_base(tree):
-        exported = export_mod.export(tree, patches_dir, prune=True, during_rebase=True).to_dict()
+    if treeinfo.commits_above_base(tree):
+        exported = export_patches(tree, patches_dir, prune=True, during_rebase=True).to_dict()
     else:  # every patch is upstream now: an empty series
         for stale in patches_dir.glob("*.patch"):
             stale.unlink()
@@ -271,6 +309,9 @@ def _noop(project: Project, tree: Path, old_pin: pin_mod.Pin, series, old: dict,
     outs = [Outcome(p.name, p.subject, UNCHANGED, new_names=[p.name]) for p in series.patches]
     new_pin = old_pin
     new = dict(old)
+    # What resolving the target said the pin would get (sdist = none, an abbreviated commit) does not
+    # happen on a no-op: only the source facts stay, and what really happens is said below.
+    target.notes = [n for n in target.notes if n.startswith("source:")]
     if not old_pin.commit_is_full and target.commit_kind == pin_mod.FULL:
         new_pin = old_pin.with_changes(commit=target.commit, commit_kind=pin_mod.FULL)
         pin_mod.save(project.pin_file, new_pin)
@@ -280,7 +321,10 @@ def _noop(project: Project, tree: Path, old_pin: pin_mod.Pin, series, old: dict,
         echo(f"the tree is already at vLLM {target.version}; the pin's commit {old_pin.commit} (abbreviated) "
              f"is now the full id {target.commit}")
     else:
-        echo(f"the tree is already at vLLM {target.version} ({old_pin.commit_label()}); nothing to rebase")
+        target.notes.append(f"the tree is already at vLLM {target.version} ({old_pin.commit_label()}): "
+                            "nothing rebased, the pin and patches/ are unchanged")
+        echo(f"the tree is already at vLLM {target.version} ({old_pin.commit_label()}); nothing to rebase; "
+             "the pin and patches/ are unchanged")
     return RebaseResult("noop", str(tree), old, new, target.to_dict(), outs,
                         state_mod.pin_dict(old_pin), state_mod.pin_dict(new_pin))
 
@@ -311,7 +355,7 @@ def _result(state: dict, outs: list[Outcome], status: str, stopped_at: str | Non
 
 
 def _prepare_tree(project: Project, pin: pin_mod.Pin, series, tree: Path, source_spec: str, echo):
-    info = source.read_tree_info(tree)
+    info = treeinfo.read_tree_info(tree)
     if info is None:
         fetch_source = (source_spec if source_spec in ("auto", "git", "sdist") or source.is_local_repo(source_spec)
                         else "auto")
@@ -323,14 +367,14 @@ def _prepare_tree(project: Project, pin: pin_mod.Pin, series, tree: Path, source
             f"{pin.version} ({pin.commit_label()}); a rebase starts from the pinned base",
             hint="run `smla fetch --force && smla apply` to rebuild the tree at the pin",
         )
-    dirty = apply_mod.dirty_files(tree)
+    dirty = treeinfo.dirty_files(tree)
     if dirty:
         raise TreeStateError(
             f"work tree {tree} has uncommitted changes ({', '.join(dirty[:5])}); refusing to rebase",
             hint="commit them and `smla export` (or discard them), then rebase",
         )
-    apply_mod.apply_series(series, tree, echo=lambda *_: None)  # a changed patches/ is applied first
+    apply_series(series, tree, echo=lambda *_: None)  # a changed patches/ is applied first
     # The commits above the base must carry exactly patches/ (by content): no unexported work can be lost.
     treestate.require_in_sync(tree, series, "rebase")
-    return source.read_tree_info(tree)
+    return treeinfo.read_tree_info(tree)
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import unidiff
 
-from smla import apply as apply_mod
-from smla import proc
+from smla import gitapply, proc
 from smla import series as series_mod
 from smla.rebase import state as state_mod
-from smla.rebase.report import CONFLICT, MERGED, OFFSETS, UNCHANGED, UPSTREAM, Outcome
+from smla.rebase.report import CONFLICT, MERGED, OFFSETS, UNCHANGED, Outcome
+from smla.treeinfo import UPSTREAM
 
 WORK_BRANCH = "smla-rebase"
 
@@ -50,18 +50,18 @@ def replay_one(tree: Path, patch: series_mod.Patch, out: Outcome) -> None:
     out.new_files_only = bool(len(parsed)) and all(pf.is_added_file for pf in parsed)
     check = proc.git(tree, "apply", "--check", "-v", "--", path, check=False)
     if check.returncode == 0:
-        out.offsets = apply_mod.hunk_offsets(check.stderr + check.stdout)
+        out.offsets = gitapply.hunk_offsets(check.stderr + check.stdout)
         proc.git(tree, "am", "-q", "--keep-cr", "--committer-date-is-author-date", "--", path)
         out.outcome = OFFSETS if out.offsets else UNCHANGED
         out.commits = 1
         return
-    if apply_mod.reverse_applies(tree, patch):
+    if gitapply.reverse_applies(tree, patch):
         out.outcome = UPSTREAM
         out.detail = "the patch reverse-applies to the new base"
         return
     # --reject makes git report every failing hunk, not only the first.
     rejected = proc.git(tree, "apply", "--check", "--reject", "-v", "--", path, check=False)
-    out.hunks = [f.description for f in apply_mod.failed_hunks(patch, rejected.stderr)]
+    out.hunks = [f.description for f in gitapply.failed_hunks(patch, rejected.stderr)]
     merged = proc.git(tree, "am", "--3way", "--keep-cr", "--committer-date-is-author-date", "--", path,
                       check=False)
     if merged.returncode == 0:

@@ -17,15 +17,14 @@ from pathlib import Path
 
 from smla import report
 from smla.errors import RebaseConflict, TestsFailed, cmd
+from smla.treeinfo import PENDING, UPSTREAM  # the same states as apply's
 
 UNCHANGED = "unchanged"
 OFFSETS = "offsets"
 MERGED = "merged"
-UPSTREAM = "upstream"
 CONFLICT = "conflict"
 RESOLVED = "resolved"
 SKIPPED = "skipped"
-PENDING = "pending"
 DESCRIPTIONS = {
     UNCHANGED: "applied unchanged",
     OFFSETS: "applied with line offsets",

@@ -15,11 +15,11 @@ import shutil
 from pathlib import Path
 
 from smla import pin as pin_mod
-from smla import proc, source
+from smla import proc, treeinfo
 from smla.errors import TreeStateError
 from smla.fsutil import atomic_write_bytes, atomic_write_text
 
-STATE_DIR = source.REBASE_STATE_DIR
+STATE_DIR = treeinfo.REBASE_STATE_DIR
 STATE_VERSION = 1
 
 

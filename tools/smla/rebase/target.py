@@ -56,6 +56,22 @@ def same_commit(a: str, b: str) -> bool:
     return bool(a) and bool(b) and (a.startswith(b) or b.startswith(a))
 
 
+def older_than(target: Target, pin: pin_mod.Pin) -> str | None:
+    """A note when a version target is an older release than the pin's (the series moves backwards)."""
+    from packaging.version import InvalidVersion, Version
+
+    if target.kind != "version":
+        return None
+    try:
+        if Version(target.version) >= Version(pin.version):
+            return None
+    except InvalidVersion:
+        return None
+    return (f"vLLM {target.version} is older than the pinned {pin.version}: this moves the series "
+            f"backwards (`smla rebase --abort` undoes a stopped rebase; a finished one is undone with "
+            f"`git checkout -- vllm-pin.txt patches/` and `smla fetch --force`)")
+
+
 def parse(onto: str, upstream_commit: str | None) -> tuple[str, str]:
     """(kind, spec) of an `--onto` argument; UsageError for anything else."""
     spec = onto.strip()

@@ -1,0 +1,125 @@
+"""The toolkit's import structure (issue 20, items 7-9): no import circle anywhere in smla (lazy
+imports inside functions count too); command modules never import command modules; the facts about a
+work tree live in smla.treeinfo, below source and treestate; cli.py only parses and calls."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "tools" / "smla"
+
+# One module (or package) per `smla` command. They may use every library module, never each other.
+COMMANDS = {"smla.fetch", "smla.clean", "smla.apply", "smla.export", "smla.status", "smla.wheel",
+            "smla.explain", "smla.rebase"}
+# The one exception, by name: a rebase applies a changed patches/ first and re-exports the result
+# (as `smla patch` is fetch + apply); it calls those two entry points and takes nothing else from them.
+ALLOWED = {("smla.rebase", "smla.apply"): {"apply_series"}, ("smla.rebase", "smla.export"): {"export"}}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def imports(name: str) -> dict[str, set[str]]:
+    """{imported smla module: names used from it ('*' for the module itself)}, function-level imports included."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("smla"):
+                    found.setdefault(a.name, set()).add("*")
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            if not base.startswith("smla"):
+                continue
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                if sub in MODULES:
+                    found.setdefault(sub, set()).add("*")
+                else:
+                    found.setdefault(base, set()).add(a.name)
+    found.pop(name, None)
+    return found
+
+
+def owner(module: str) -> str:
+    """The command a module belongs to (smla.rebase.replay -> smla.rebase), else itself."""
+    for c in COMMANDS:
+        if module == c or module.startswith(c + "."):
+            return c
+    return module
+
+
+def test_no_import_circle():
+    graph = {m: {i for i in imports(m) if i in MODULES} for m in MODULES}
+    # a package's submodules import each other through the package: only circles between modules count
+    for m in graph:
+        graph[m] = {i for i in graph[m] if not (m.startswith(i + ".") and MODULES[i].name == "__init__.py")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                raise AssertionError("import circle: " + " -> ".join(stack[stack.index(n):] + [n]))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_command_modules_never_import_command_modules():
+    assert COMMANDS <= set(MODULES), COMMANDS - set(MODULES)
+    bad = []
+    for m in MODULES:
+        me = owner(m)
+        if me not in COMMANDS:
+            continue
+        for imported, names in imports(m).items():
+            other = owner(imported)
+            if other in COMMANDS and other != me and not names <= ALLOWED.get((me, other), set()):
+                bad.append(f"{m} imports {sorted(names)} from {imported}")
+    assert bad == []
+
+
+def test_tree_facts_live_below_source_and_treestate():
+    facts = {"BASE_TAG", "BRANCH", "REBASE_STATE_DIR", "TreeInfo", "read_tree_info", "rebase_in_progress",
+             "require_tree", "dirty_files", "commits_above_base", "APPLIED", "ALREADY", "UPSTREAM", "PENDING"}
+    treeinfo = imports("smla.treeinfo")
+    assert set(treeinfo) <= {"smla.proc", "smla.errors"}, treeinfo
+    for m in MODULES:
+        tree = ast.parse(MODULES[m].read_text())
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        if m != "smla.treeinfo":
+            assert not defined & facts, f"{m} defines {defined & facts}: they belong in smla.treeinfo"
+        for imported, names in imports(m).items():
+            if imported != "smla.treeinfo":
+                assert not names & facts, f"{m} takes {names & facts} from {imported}, not from smla.treeinfo"
+
+
+def test_cli_only_parses_and_calls():
+    """cli.py holds no command's logic: no git, no files, no guards of its own."""
+    text = (PKG / "cli.py").read_text()
+    for forbidden in ("proc.", "shutil", "treestate.", "source.remove_tree", "os.remove", "rmtree",
+                      "write_refusal", "write_reports"):
+        assert forbidden not in text, forbidden

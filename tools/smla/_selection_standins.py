@@ -1,0 +1,254 @@
+"""Stand-ins for what a CPU checkout of vLLM lacks, and the import machinery that installs them.
+
+Used by smla._selection_worker (in the child interpreter, loaded by path beside it, and in-process
+for import_vllm_tree). Imports nothing from `smla` and nothing but the standard library at module
+level: in the child the vLLM tree, not the toolkit, is on sys.path.
+
+Stand-ins (installed by install_stand_ins; every one used is named in each
+result's "stand_ins" list).  The model is "the official CUDA wheel of this
+vLLM release, installed with its CUDA requirements, on a GPU of the cell's
+compute capability":
+
+- Compiled modules of the official wheel (COMPILED): an empty module, only
+  when the selection path imports one and no real one is found (a meta-path
+  finder placed after the real ones).  0.24+ `vllm._C_stable_libtorch`
+  (imported unguarded by platforms/cuda.py), 0.16 `vllm._C`, and
+  FlashAttention's `vllm.vllm_flash_attn._vllm_fa2_C` / `_vllm_fa3_C`: with
+  those two present, the tree's own flash_attn_interface decides FA2/FA3
+  support from the capability (FA3 on 9.x only; FLASH_ATTN_MLA_SPARSE needs
+  it), as on a real install.  Nothing in them is called on this path.
+  Not stood in: FlashMLA's `vllm._flashmla_C` (the wheel pairs it with a
+  Python interface the sdist lacks; FLASHMLA_SPARSE's validation does not
+  ask for it, dense FLASHMLA reports it missing), optional packages such as
+  tokenspeed_mla, and DeepGEMM (vendored into the wheel only).  Their
+  "not available/installed" reasons appear only next to "sparse not
+  supported" for the sparse geometries.
+- `vllm.vllm_flash_attn` as a whole, only for trees whose source has no such
+  package (0.16.0's sdist): a module whose functions raise if called and
+  which has no flash_attn_interface, so FLASH_ATTN_MLA adds "not supported
+  on this device" (it already says "sparse not supported").
+- FlashInfer (`flashinfer`, its submodules, and `flashinfer_cubin`), only if
+  flashinfer is not installed: vLLM's CUDA requirements pin flashinfer-python
+  (and list flashinfer-cubin), so a real install has the FlashInfer APIs
+  vLLM probes for (e.g. has_flashinfer_sparse_mla_sm120).  The stand-in
+  package makes any submodule importable and any public attribute a
+  function that raises if called; dunder lookups fail as usual.
+- No CUDA device: CUDA tensor factories at import time give "meta" tensors,
+  and torch.cuda.get_device_properties returns a stand-in (132 SMs).
+- Platform: vllm.platforms.current_platform resolves to CudaPlatform and
+  get_device_capability returns the cell's capability; get_device_name (only
+  reached by _resolve_auto_dtype's fallback warning) returns a stand-in name.
+- Model config: VllmConfig.model_config is a SimpleNamespace with hf_config /
+  hf_text_config (a plain transformers PretrainedConfig with the config's
+  fields), dtype and use_mla: what the selection path reads.  use_mla,
+  use_sparse, head size and dtype "auto" are derived by the tree's own code.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+from pathlib import Path
+
+
+# Compiled extension modules of the official CUDA wheels (0.16.0 and 0.26.0)
+# that the selection path may import.
+COMPILED = (
+    "vllm._C",
+    "vllm._C_stable_libtorch",
+    "vllm.vllm_flash_attn._vllm_fa2_C",
+    "vllm.vllm_flash_attn._vllm_fa3_C",
+)
+FLASHINFER = ("flashinfer", "flashinfer_cubin")
+
+
+def _raiser(name: str):
+    def f(*args, **kwargs):
+        raise RuntimeError(f"{name} is a selection-harness stand-in")
+    f.__name__ = name.rsplit(".", 1)[-1]
+    f.__qualname__ = f.__name__
+    return f
+
+
+class _AnyAttrModule(types.ModuleType):
+    """Stand-in package: any public attribute is a function that raises."""
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        fn = _raiser(f"{self.__name__}.{attr}")
+        setattr(self, attr, fn)
+        return fn
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves stand-in modules for names nothing else on sys.meta_path finds.
+
+    Appended to sys.meta_path, so a real module (a built tree, an installed
+    flashinfer) always wins.  Records every stand-in it hands out."""
+
+    def __init__(self, has_fa_package: bool, flashinfer: bool):
+        self.used: list[str] = []
+        self.has_fa_package = has_fa_package
+        self.flashinfer = flashinfer
+
+    def _kind(self, name: str) -> str | None:
+        if name in COMPILED:
+            return "compiled"
+        if name == "vllm.vllm_flash_attn" and not self.has_fa_package:
+            return "fa_package"
+        if self.flashinfer and (name in FLASHINFER or name.startswith("flashinfer.")):
+            return "flashinfer"
+        return None
+
+    def find_spec(self, name, path=None, target=None):
+        kind = self._kind(name)
+        if kind is None:
+            return None
+        self._note_kind(name, kind)
+        return importlib.machinery.ModuleSpec(
+            name, self, is_package=(kind == "flashinfer" and name == "flashinfer"))
+
+    def create_module(self, spec):
+        kind = self._kind(spec.name)
+        if kind == "flashinfer":
+            mod = _AnyAttrModule(spec.name)
+            if spec.name == "flashinfer":
+                mod.__path__ = []
+        else:
+            mod = types.ModuleType(spec.name)
+            if kind == "fa_package":
+                for attr in ("flash_attn_varlen_func", "get_scheduler_metadata"):
+                    setattr(mod, attr, _raiser(f"{spec.name}.{attr}"))
+        return mod
+
+    def exec_module(self, module):
+        pass
+
+    def _note_kind(self, name: str, kind: str) -> None:
+        if kind == "compiled":
+            self._note(f"{name} (compiled module of the official wheel: empty)")
+        elif kind == "fa_package":
+            self._note("vllm.vllm_flash_attn (not in this source tree: functions raise if called)")
+        else:
+            top = name.split(".")[0]
+            self._note(f"{top} (as vLLM's CUDA requirements install it: any function, raises if called)")
+
+    def _note(self, text: str) -> None:
+        if text not in self.used:
+            self.used.append(text)
+
+
+class _PlatformHook(importlib.abc.MetaPathFinder):
+    """Makes `vllm.platforms` resolve current_platform to CudaPlatform.
+
+    vLLM resolves its platform lazily, on first use, which may already
+    happen inside `import vllm`; so the resolver is replaced right after
+    vllm/platforms/__init__.py has run, before anything can use it."""
+
+    QUALNAME = "vllm.platforms.cuda.CudaPlatform"
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "vllm.platforms":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            module.resolve_current_platform_cls_qualname = lambda: self.QUALNAME
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+_FINDER: _StandInFinder | None = None
+_CUDA_NOTE = ("no CUDA device: cuda tensor factories -> meta tensors, "
+              "torch.cuda.get_device_properties stand-in")
+
+
+def install_stand_ins(tree: str | os.PathLike, cuda_platform: bool = False) -> _StandInFinder:
+    """Install the stand-ins (module docstring) for importing vLLM from
+    `tree` in this process; returns the finder (its .used names them).
+    With cuda_platform, vLLM's platform resolves to CudaPlatform (its
+    capability is then set with set_capability)."""
+    global _FINDER
+    if cuda_platform and not any(isinstance(f, _PlatformHook) for f in sys.meta_path):
+        if "vllm.platforms" in sys.modules:
+            raise RuntimeError("vllm.platforms was imported before the CUDA platform stand-in")
+        sys.meta_path.insert(0, _PlatformHook())
+    if _FINDER is not None:
+        return _FINDER
+    import importlib.util
+
+    tree = Path(tree)
+    has_fa = (tree / "vllm" / "vllm_flash_attn" / "__init__.py").is_file()
+    finder = _StandInFinder(has_fa_package=has_fa,
+                            flashinfer=importlib.util.find_spec("flashinfer") is None)
+    sys.meta_path.append(finder)
+    _FINDER = finder
+
+    import torch
+
+    if not torch.cuda.is_available():
+        from torch.overrides import TorchFunctionMode
+
+        class _CudaToMeta(TorchFunctionMode):
+            def __torch_function__(self, func, types_, args=(), kwargs=None):
+                kwargs = dict(kwargs or {})
+                dev = kwargs.get("device")
+                if dev is not None and torch.device(dev).type == "cuda":
+                    kwargs["device"] = "meta"
+                return func(*args, **kwargs)
+
+        _CudaToMeta().__enter__()  # for the whole (short-lived) process
+
+        class _Props:
+            multi_processor_count = 132
+            name = "selection-harness stand-in"
+            total_memory = 80 << 30
+            major, minor = 9, 0
+            is_integrated = False
+
+        torch.cuda.get_device_properties = lambda *a, **k: _Props()
+        finder._note(_CUDA_NOTE)
+    return finder
+
+
+def import_vllm_tree(tree: str | os.PathLike, capability: str | None = None) -> list[str]:
+    """Put `tree` first on sys.path, install the stand-ins and import vllm
+    from it, in THIS process.  With `capability` ("12.0"), vLLM's platform is
+    CudaPlatform with that compute capability (as in the selection worker);
+    without, vLLM detects its platform itself.  Returns the stand-ins used
+    so far."""
+    tree = str(Path(tree).resolve())
+    if tree not in sys.path:
+        sys.path.insert(0, tree)
+    finder = install_stand_ins(tree, cuda_platform=capability is not None)
+    import vllm
+    if not str(Path(vllm.__file__).resolve()).startswith(tree):
+        raise RuntimeError(f"imported vllm from {vllm.__file__}, not {tree}")
+    if capability is not None:
+        set_capability(capability)
+        finder._note("CUDA platform: current_platform is CudaPlatform, compute capability mocked")
+    return finder.used
+
+
+def set_capability(text: str):
+    """Make vLLM's CUDA platform report compute capability `text` ("12.0")."""
+    import vllm.platforms as platforms
+    from vllm.platforms.interface import DeviceCapability
+
+    major, minor = (int(x) for x in text.split("."))
+    cap = DeviceCapability(major, minor)
+    platform_cls = type(platforms.current_platform)
+    platform_cls.get_device_capability = classmethod(lambda cls, device_id=0, _cap=cap: _cap)
+    # Only reached by _resolve_auto_dtype's fallback warning; the real one asks NVML.
+    platform_cls.get_device_name = classmethod(
+        lambda cls, device_id=0: "selection-harness stand-in GPU")
+    return cap
