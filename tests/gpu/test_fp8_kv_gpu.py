@@ -174,6 +174,25 @@ def test_fp8_kernel_vs_float64(smla, vllm_write, dtype, H, K, T):
     assert identical  # both decodes are exact: same values, same dots
 
 
+@pytest.mark.parametrize("dequant", [False, True], ids=["codes", "dequant"])
+@pytest.mark.parametrize("H,T", [(16, 64), (64, 256), (128, 4)])
+def test_fp8_both_kernels_vs_float64(smla, vllm_write, H, T, dequant):
+    """Both fp8 kernels forced on the same vLLM-written cache: the codes
+    kernel (exact codes, scales on the dot results) and the rows dequantised
+    to bf16 into the 16-bit kernel (the heuristic's pick for 64-head tiles)."""
+    cache, written, _, _ = filled_cache(vllm_write, torch.bfloat16, NUM_BLOCKS, 40000, seed=H)
+    slots = pick(written, T, 2048, seed=T, empty_rows=(0,))
+    g = torch.Generator(device="cuda").manual_seed(9)
+    q = (torch.randn(T, H, R + P, device="cuda", generator=g) * 0.25).to(torch.bfloat16)
+    out = smla.sparse_mla_fwd(q, cache, slots, SCALE, kv_cache_dtype="fp8_ds_mla",
+                              rope_dtype=torch.bfloat16, config=dict(FP8_DEQUANT=dequant))
+    deq = dequant_ds_mla(cache.view(-1, ROW), torch.bfloat16)
+    err = rel_err(out, reference_sparse_mla(q, deq, slots, SCALE, token_chunk=8))
+    record(case="fp8_kernel_choice", dequant=dequant, heads=H, tokens=T, rel_err=err)
+    assert (out[0] == 0).all() and not torch.isnan(out).any()
+    assert err < BOUNDS[torch.bfloat16], err
+
+
 def test_fp8_cache_past_2_31_bytes(smla, vllm_write):
     """A 2.2 GB cache (53,000 blocks): every gathered row lies beyond byte 2**31."""
     num_blocks = 53000
