@@ -1,0 +1,77 @@
+"""The series' own vLLM-style kernel tests (patch 0013,
+tests/kernels/attention/test_triton_{sparse_mla,dsa_indexer}.py of the
+patched tree), run on the CPU under the Triton interpreter: each module is
+loaded from the tree with its DEVICE set to "cpu" and its test functions are
+called directly (their CUDA skip marks only apply under pytest collection).
+bfloat16 is left out: the interpreter has no bfloat16 arithmetic."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from sparse_mla_reference import provide_ops_package  # noqa: E402
+
+REL = "tests/kernels/attention/{}.py"
+
+
+def _load(tree, name):
+    path = tree / REL.format(name)
+    if not path.is_file():
+        pytest.fail(f"{REL.format(name)} is missing in the vLLM tree {tree} (patch 0013)")
+    provide_ops_package(tree)
+    spec = importlib.util.spec_from_file_location(f"smla_series_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.DEVICE = "cpu"
+    return mod
+
+
+@pytest.fixture(scope="module")
+def attn(vllm_tree):
+    return _load(vllm_tree, "test_triton_sparse_mla")
+
+
+@pytest.fixture(scope="module")
+def indexer(vllm_tree):
+    return _load(vllm_tree, "test_triton_dsa_indexer")
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_ds_mla"])
+@pytest.mark.parametrize("num_heads,num_tokens", [(8, 1), (64, 5)])
+def test_series_sparse_mla_fwd(attn, kv_cache_dtype, num_heads, num_tokens):
+    attn.test_sparse_mla_fwd(kv_cache_dtype, num_heads, num_tokens, torch.float16, topk=64)
+
+
+def test_series_convert(attn):
+    attn.test_convert_req_local_to_slots()
+
+
+def test_series_tests_can_fail(attn):
+    """The series' sparse-MLA test rejects a kernel that ignores the holes."""
+    real = attn.sparse_mla_fwd
+
+    def no_holes(q, kv, slots, *a, **kw):
+        return real(q, kv, slots.clamp(min=0), *a, **kw)
+
+    attn.sparse_mla_fwd = no_holes
+    try:
+        with pytest.raises(AssertionError):
+            attn.test_sparse_mla_fwd("auto", 8, 3, torch.float16, topk=64)
+    finally:
+        attn.sparse_mla_fwd = real
+
+
+@pytest.mark.parametrize("fp8_mma", [False, True], ids=["software", "fp8-mma"])
+def test_series_mqa_logits(indexer, fp8_mma):
+    indexer.test_mqa_logits(fp8_mma)
+
+
+@pytest.mark.parametrize("fp8_mma", [False, True], ids=["software", "fp8-mma"])
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_series_paged_mqa_logits(indexer, fp8_mma, next_n):
+    indexer.test_paged_mqa_logits(fp8_mma, next_n)
