@@ -16,6 +16,9 @@
 #            fp8 benchmark (bench/bench_fp8_kv.py --sweep)
 #   fp8      carry .gpu-port/so .gpu-port/kern : kernel and fp8 KV tests and the fp8 benchmark on
 #            the work tree's kernels, before they are built into a wheel
+#   speed    carry .gpu-port (so/, fm/ FlashMLA, dg.tar.xz DeepGEMM, kern/ with the series'
+#            tests/kernels/attention/test_triton_*.py, before/): GPU tests, the series' own tests,
+#            the engine-form attention benchmark vs FlashMLA and the indexer benchmark vs DeepGEMM
 # installed and fp8 pack their logs into $OUT/logs.tar.xz (a call returns at most 8 files).
 # usage (repo root): bash tests/gpu/device-run.sh all|kernels|backend|bench [pytest args]
 # Results under $OUT: gpu-env.txt, gpu-tests-<phase>.log, gpu-results.jsonl, bench/ (kernels).
@@ -151,6 +154,10 @@ case "$phase" in
         tests/gpu/test_indexer_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
         > "$out/gpu-tests-speed.log" 2>&1 || rc=$?
       grep -E "^(FAILED|ERROR)" "$out/gpu-tests-speed.log" | cut -c1-200 || true; tail -1 "$out/gpu-tests-speed.log"
+      # the series' own vLLM-style kernel tests (patch 0013; kern/ carries them)
+      PYTHONPATH=$PWD/tests:$PWD/tests/gpu timeout 200 python3 -m pytest -p series_ops_stub \
+        -p no:cacheprovider "$b"/kern/tests/kernels/attention/ -q -rA > "$out/series-tests.log" 2>&1 || rc=$?
+      tail -1 "$out/series-tests.log"
     fi
     timeout 120 python3 bench/indexer/graph_sequence.py both > "$out/graph-sequence.log" 2>&1 \
       || echo "graph_sequence exit $?" | tee -a "$out/graph-sequence.log"

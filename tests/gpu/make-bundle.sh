@@ -3,7 +3,11 @@
 # 64 MiB per call), in parts that travel together in one call (device-run.sh all; ~64 MB with the repo):
 #   OUTDIR/so/    vllm/_C_stable_libtorch.abi3.so of the official wheel of the pinned release
 #                 (all of vLLM's CUDA ops, torch.ops._C*), xz-compressed (~55 MB), + its sha256
-#   OUTDIR/kern/  the kernel files the kernel tests and the benchmark load by path (+ vllm/__init__.py)
+#   OUTDIR/kern/  the kernel files the kernel tests and the benchmarks load by path (+ vllm/__init__.py)
+#                 and the series' own kernel tests (tests/kernels/attention/test_triton_*.py)
+#   OUTDIR/fm/, OUTDIR/dg.tar.xz  FlashMLA's and DeepGEMM's compiled code from the same wheel
+#                 (the benchmarks' upstream sides); OUTDIR/before/ (optional, by hand): an earlier
+#                 series' kernel files, for the benchmarks' "before" column
 #   OUTDIR/tree/  the patched tree's vllm/ (tracked files less tests/gpu/bundle-prune.txt, tar.xz), the wheels of
 #                 bundle-requirements.txt and a vllm-<version>.dist-info (vLLM picks its platform
 #                 from the installed distribution's metadata; a source tree has none)
@@ -29,11 +33,30 @@ open(f"{dest}/SHA256SUMS", "w").write(hashlib.sha256(data).hexdigest() + "  _C_s
 PY
 xz -T0 -9 --x86 --lzma2=preset=9 -f "$out/so/_C_stable_libtorch.abi3.so"
 
+# FlashMLA (the attention benchmark's upstream side) and DeepGEMM (the indexer's), from the same
+# wheel: device-run.sh speed
+mkdir -p "$out/fm" /tmp/smla-bundle-dg && rm -rf /tmp/smla-bundle-dg/*
+"$py" - "$wheel" "$out/fm" /tmp/smla-bundle-dg <<'PY'
+import sys, zipfile
+wheel, fm, dg = sys.argv[1:]
+z = zipfile.ZipFile(wheel)
+open(f"{fm}/_flashmla_C.abi3.so", "wb").write(z.read("vllm/_flashmla_C.abi3.so"))
+for name in z.namelist():
+    if name.startswith("vllm/third_party/deep_gemm/") and not (
+            "/_C.cpython-" in name and "cpython-312" not in name):
+        z.extract(name, dg)
+PY
+xz -9 -f "$out/fm/_flashmla_C.abi3.so"
+tar -C /tmp/smla-bundle-dg/vllm/third_party -cJf "$out/dg.tar.xz" deep_gemm
+
 cp "$tree"/vllm/__init__.py "$out/kern/vllm/"  # tests check for a vLLM tree by this file
 # the kernel modules import their shared e4m3 helpers (triton_fp8_e4m3.py) by absolute name;
 # the tests provide the package path (tests/sparse_mla_reference.py::provide_ops_package)
 cp "$tree"/vllm/v1/attention/ops/triton_{sparse_mla,dsa_indexer,fp8_e4m3,decode_attention}.py \
   "$out/kern/vllm/v1/attention/ops/"
+# the series' own kernel tests (patch 0013), run by device-run.sh speed
+mkdir -p "$out/kern/tests/kernels/attention"
+cp "$tree"/tests/kernels/attention/test_triton_{sparse_mla,dsa_indexer}.py "$out/kern/tests/kernels/attention/"
 
 git -C "$tree" ls-files vllm | grep -v '\.\(md\|png\|jpg\)$' | "$py" -c '
 import sys
