@@ -16,8 +16,9 @@
 #            fp8 benchmark (bench/bench_fp8_kv.py --sweep)
 #   fp8      carry .gpu-port/so .gpu-port/kern : kernel and fp8 KV tests and the fp8 benchmark on
 #            the work tree's kernels, before they are built into a wheel
-#   speed    carry .gpu-port (so/, fm/ FlashMLA, dg.tar.xz DeepGEMM, kern/ with the series'
-#            tests/kernels/attention/test_triton_*.py, before/): GPU tests, the series' own tests,
+#   speed    carry .gpu-port/so .gpu-port/fm .gpu-port/dg.tar.xz .gpu-port/kern [.gpu-port/before]
+#            (FlashMLA, DeepGEMM, the kernel files and the series' tests/kernels/attention tests;
+#            before/: an earlier series' kernel files): GPU tests, the series' own tests,
 #            the engine-form attention benchmark vs FlashMLA and the indexer benchmark vs DeepGEMM
 # installed and fp8 pack their logs into $OUT/logs.tar.xz (a call returns at most 8 files).
 # usage (repo root): bash tests/gpu/device-run.sh all|kernels|backend|bench [pytest args]
@@ -135,7 +136,7 @@ case "$phase" in
     fp8_bench
     exit $rc
     ;;
-  speed)  # carry .gpu-port: so/ (vLLM's ops), fm/ (FlashMLA), dg.tar.xz (DeepGEMM), kern/, before/
+  speed)  # carry .gpu-port/{so,fm,dg.tar.xz,kern[,before]}
     # GPU tests of both kernel files in the engine's call form, then the engine-form attention
     # benchmark vs FlashMLA and the indexer benchmark vs DeepGEMM (issues 18, 19).
     unpack_so | tee -a "$out/gpu-env-$phase.txt"
