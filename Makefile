@@ -8,12 +8,14 @@ REQS     := requirements/dev.txt $(wildcard requirements/vllm-import.txt)
 SMLA     := $(BIN)/smla
 PYTEST   := $(BIN)/python -m pytest
 
-.PHONY: help venv patch status export test test-gpu clean rebase
+.PHONY: help venv patch status export test test-fast test-gpu docs clean rebase
 .PHONY: build-wheel test-wheel
 
 help:
 	@echo "make patch        fetch the pinned vLLM and apply patches/series (tree: work/vllm)"
-	@echo "make test         CPU test suite (runs make patch first)"
+	@echo "make test         CPU test suite, complete (runs make patch first)"
+	@echo "make test-fast    the toolkit's tests alone, under a minute: no vLLM tree, kernels or compile matrix"
+	@echo "make docs         rewrite the docs' transcripts and generated tables from real output"
 	@echo "make test-gpu     GPU tests (needs CUDA)"
 	@echo "make status       where the work tree stands"
 	@echo "make export       regenerate patches/ from the work tree's commits"
@@ -50,6 +52,16 @@ rebase: $(STAMP)
 
 test: patch
 	$(PYTEST) -m "not gpu" $(PYTEST_ARGS)
+
+# Without the tests marked `slow` in tests/conftest.py (the real vLLM tree, the sdist, Triton's
+# compiler): temporary git repositories and a local package index only, so no `make patch` first.
+test-fast: $(STAMP)
+	$(PYTEST) -m "not gpu and not slow" $(PYTEST_ARGS)
+
+# The transcripts in docs/ and the generated tables (README's selection table, docs/series.md)
+# from real output; `make test` fails while they differ.
+docs: patch
+	$(PYTEST) tests/test_docs.py tests/test_selection.py -k "docs or readme" --update-docs $(PYTEST_ARGS)
 
 # tests/gpu only: the CPU kernel tests set TRITON_INTERPRET=1 for their whole process.
 test-gpu: patch

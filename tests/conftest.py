@@ -1,17 +1,36 @@
-"""Shared pytest fixtures and markers.
+"""Shared fixtures, markers and lanes of the test suite (tests/gitfixtures.py builds the worlds).
 
-`vllm_tree` is the patched vLLM work tree that `make patch` produces
-(override with SMLA_TREE). GPU tests carry the `gpu` marker and skip
-cleanly when CUDA is not available.
+Lanes: `make test` runs every test but the GPU ones; `make test-fast` also leaves out the tests
+marked `slow`. A test is marked here, by what it uses, so no test file has to say it:
+  gpu    needs a CUDA GPU (tests/gpu; skipped without one, run by `make test-gpu`)
+  slow   needs the real vLLM source: the patched work tree `make patch` makes (the `vllm_tree`
+         fixture: selection, explain, the kernels under Triton's interpreter, the backend smoke
+         tests), the pinned sdist (SLOW_MODULES: integration, the docs' transcripts) or Triton's
+         compiler (the compile matrix)
+What `make test-fast` keeps runs on temporary git repositories and one local package index.
+
+Fixtures:
+  vllm_tree       the patched vLLM work tree (`make patch`; SMLA_TREE overrides it)
+  series_project  (root, tree, pin): a toolkit root whose patches/ holds a 3-patch series, and a
+                  fresh work tree at its base (not applied)
+  rebase_world    the rebase tests' upstream (C0; C1 clean; C2 conflicting), root and patched tree
+  index           the local package index: one server for the session, empty for each test, with
+                  SMLA_INDEX_URL pointing at it and SMLA_CACHE_DIR at the test's own cache
+  update_docs     True under `--update-docs`: the docs tests rewrite the docs from real output
+                  instead of comparing them (`make docs`)
+The two worlds are built once per session and copied for each test (building them is most of a
+toolkit test's time).
 """
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+import gitfixtures
+from gitfixtures import REPO_ROOT
 
 # Triton's compile cache (hundreds of MB for the kernel tests) goes under the toolkit's cache
 # (<cache>/triton), not ~/.triton, unless the user chose a place with TRITON_CACHE_DIR.
@@ -25,17 +44,31 @@ else:
     if cache_dir is not None:
         os.environ["TRITON_CACHE_DIR"] = str(cache_dir() / "triton")
 
+# Modules whose every test reads the real vLLM source without the `vllm_tree` fixture.
+SLOW_MODULES = {"test_integration.py", "test_kernel_compile.py", "test_kernel_compile_matrix.py",
+                "test_rebase_real.py", "test_wheel_real.py"}
+
 
 def default_tree() -> Path:
+    """The patched work tree the tests read: $SMLA_TREE, else <root>/work/vllm."""
     return Path(os.environ.get("SMLA_TREE") or REPO_ROOT / "work" / "vllm")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-docs", action="store_true",
+                     help="rewrite the docs' transcripts and generated tables from real output (make docs)")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (make test-gpu)")
-    config.addinivalue_line("markers", "slow: integration test on the real vLLM source")
+    config.addinivalue_line("markers", "slow: needs the real vLLM source or Triton's compiler "
+                                       "(make test runs it, make test-fast does not)")
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "vllm_tree" in item.fixturenames or item.path.name in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
     try:
         import torch
 
@@ -56,3 +89,77 @@ def vllm_tree() -> Path:
     if not (tree / "vllm" / "__init__.py").is_file():
         pytest.fail(f"no vLLM work tree at {tree}: run `make patch` first")
     return tree
+
+
+@pytest.fixture(scope="session")
+def update_docs(request) -> bool:
+    return bool(request.config.getoption("--update-docs"))
+
+
+# ------------------------------------------------------------------ the worlds, built once
+
+
+def _copy_world(template: Path, dest: Path, pin_files: list[Path]) -> None:
+    """Copy a world built under `template` into `dest`: the pin files' paths follow it, and every
+    git repository re-reads its files' stat data (copied files have new inodes and ctimes)."""
+    shutil.copytree(template, dest, symlinks=True, dirs_exist_ok=True)
+    for rel in pin_files:
+        pin = dest / rel
+        pin.write_text(pin.read_text().replace(str(template), str(dest)))
+    for dotgit in dest.rglob(".git"):
+        gitfixtures.proc.git(dotgit.parent, "update-index", "-q", "--refresh", check=False)
+
+
+@pytest.fixture(scope="session")
+def _series_template(tmp_path_factory) -> Path:
+    template = tmp_path_factory.mktemp("series-template")
+    gitfixtures.series_project(template)
+    return template
+
+
+@pytest.fixture
+def series_project(_series_template, tmp_path):
+    """(root, tree, pin) as gitfixtures.series_project(tmp_path) gives them."""
+    _copy_world(_series_template, tmp_path, [Path("project/vllm-pin.txt")])
+    root = tmp_path / "project"
+    pin = gitfixtures.load_pin(root / "vllm-pin.txt")
+    return root, tmp_path / "work" / "vllm", gitfixtures.pin_for(pin.repo, pin.commit)
+
+
+@pytest.fixture(scope="session")
+def _rebase_template(tmp_path_factory) -> Path:
+    template = tmp_path_factory.mktemp("rebase-template")
+    world = gitfixtures.make_rebase_world(template)
+    (template / "ids.txt").write_text(" ".join(world[k] for k in ("c0", "c1", "c2")))
+    return template
+
+
+@pytest.fixture
+def rebase_world(_rebase_template, tmp_path, monkeypatch) -> dict:
+    """gitfixtures.make_rebase_world(tmp_path), with SMLA_CACHE_DIR under tmp_path."""
+    monkeypatch.setenv("SMLA_CACHE_DIR", str(tmp_path / "cache"))
+    _copy_world(_rebase_template, tmp_path, [Path("root/vllm-pin.txt")])
+    c0, c1, c2 = (tmp_path / "ids.txt").read_text().split()
+    (tmp_path / "ids.txt").unlink()
+    return {"up": tmp_path / "upstream", "root": tmp_path / "root", "tree": tmp_path / "root" / "work" / "vllm",
+            "c0": c0, "c1": c1, "c2": c2}
+
+
+# ------------------------------------------------------------------ the local package index
+
+
+@pytest.fixture(scope="session")
+def _index_server():
+    server = gitfixtures.IndexServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def index(_index_server, monkeypatch, tmp_path):
+    """The local package index, empty, at SMLA_INDEX_URL; downloads cached under tmp_path/cache."""
+    _index_server.reset()
+    monkeypatch.setenv("SMLA_INDEX_URL", _index_server.base + "/simple")
+    monkeypatch.setenv("SMLA_CACHE_DIR", str(tmp_path / "cache"))
+    yield _index_server
+    _index_server.reset()

@@ -1,13 +1,24 @@
-"""Real temporary git repos and projects for the toolkit's unit tests."""
+"""What the toolkit's tests build: real temporary git repositories, projects, sdists, the rebase
+world and a local package index. tests/conftest.py hands most of it out as fixtures; the builders
+stay importable for tests that need a variant (other files, another Subject).
+"""
 from __future__ import annotations
 
 import hashlib
+import http.server
 import io
+import json
 import tarfile
+import threading
 from pathlib import Path
 
-from smla import proc
+from smla import export as export_mod
+from smla import proc, source
 from smla.pin import Pin
+from smla.pin import load as load_pin
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the toolkit checkout these tests belong to
+quiet = dict(echo=lambda *_: None)  # for library calls that would print progress
 
 FILES = {
     "vllm/__init__.py": "__version__ = '9.9.9'\n",
@@ -79,15 +90,13 @@ def commit_change(tree: Path, files: dict[str, str], subject: str, body: str = "
 
 # --- a local package index (PEP 691 JSON) over HTTP on 127.0.0.1 ---------------------------
 
-import http.server  # noqa: E402
-import json  # noqa: E402
-import threading  # noqa: E402
-
 
 class IndexServer:
     """A tiny HTTP server: `routes[path] = (body, extra)`; extra may be {"redirect": url},
-    {"auth": "Basic ..."} (required Authorization) or {"truncate": True} (send half the body,
-    then drop the connection). Records every request's path and headers."""
+    {"auth": "Basic ..."} (required Authorization), {"truncate": True} (send half the body,
+    then drop the connection) or {"wait": threading.Event} (send the body once it is set).
+    Records every request's path and headers. tests/conftest.py's `index` fixture is the one
+    instance of a session; `reset` empties it between tests."""
 
     def __init__(self):
         self.routes: dict = {}
@@ -114,6 +123,8 @@ class IndexServer:
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if "wait" in extra:
+                    extra["wait"].wait(60)
                 if extra.get("truncate"):
                     self.wfile.write(body[: len(body) // 2])
                     self.wfile.flush()
@@ -126,8 +137,15 @@ class IndexServer:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.base = f"http://127.0.0.1:{self.server.server_port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # A short poll interval: shutdown() waits for the next poll.
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02},
+                                       daemon=True)
         self.thread.start()
+
+    def reset(self) -> None:
+        """No routes, no recorded requests."""
+        self.routes.clear()
+        self.requests.clear()
 
     def publish(self, project: str, files: list[tuple[str, bytes]], *, url_for=None, extra=None) -> None:
         """List `files` (name, bytes) under /simple/<project>/ and serve them at /files/<name>."""
@@ -146,14 +164,10 @@ class IndexServer:
 
 # --- the rebase world (tests/test_rebase.py, tests/test_nightly_workflow.py) -------------------
 
-from smla import export as _export_mod  # noqa: E402
-from smla import source  # noqa: E402
-from smla.pin import load as pin_load  # noqa: E402
-
 LINES = [f"line {i}" for i in range(1, 41)]
 
 
-def _write(repo: Path, name: str, lines: list[str]) -> None:
+def write_lines(repo: Path, name: str, lines: list[str]) -> None:
     (repo / name).write_text("\n".join(lines) + "\n")
 
 
@@ -163,7 +177,8 @@ def _commit(repo: Path, msg: str) -> str:
     return proc.git_out(repo, "rev-parse", "HEAD")
 
 
-def _edit(lines: list[str], **changes: str) -> list[str]:
+def edit_lines(lines: list[str], **changes: str) -> list[str]:
+    """`lines` with line N replaced for each `lN="text"`."""
     out = list(lines)
     for key, value in changes.items():
         out[int(key[1:]) - 1] = value
@@ -187,7 +202,7 @@ def make_rebase_world(tmp_path: Path) -> dict:
     up.mkdir()
     proc.git(up, "init", "-q")
     for name in "abcde":
-        _write(up, f"{name}.py", LINES)
+        write_lines(up, f"{name}.py", LINES)
     c0 = _commit(up, "C0")
 
     root = tmp_path / "root"
@@ -195,31 +210,29 @@ def make_rebase_world(tmp_path: Path) -> dict:
     (root / "vllm-pin.txt").write_text(PIN_TEXT.format(repo=up, commit=c0, sha="0" * 64))
     tree = root / "work" / "vllm"
 
-    source.fetch(pin_load(root / "vllm-pin.txt"), tree, str(up), echo=lambda *_: None)
+    source.fetch(load_pin(root / "vllm-pin.txt"), tree, str(up), **quiet)
     # The series: one patch per file.
-    _write(tree, "a.py", _edit(LINES, l5="A patched"))
+    write_lines(tree, "a.py", edit_lines(LINES, l5="A patched"))
     _commit(tree, "Patch a: unchanged")
-    _write(tree, "b.py", _edit(LINES, l20="B patched"))
+    write_lines(tree, "b.py", edit_lines(LINES, l20="B patched"))
     _commit(tree, "Patch b: offsets")
-    _write(tree, "c.py", _edit(LINES, l20="C patched"))
+    write_lines(tree, "c.py", edit_lines(LINES, l20="C patched"))
     _commit(tree, "Patch c: merged")
-    _write(tree, "d.py", _edit(LINES, l10="D patched"))
+    write_lines(tree, "d.py", edit_lines(LINES, l10="D patched"))
     _commit(tree, "Patch d: upstream")
-    _write(tree, "e.py", _edit(LINES, l30="E patched"))
+    write_lines(tree, "e.py", edit_lines(LINES, l30="E patched"))
     _commit(tree, "Patch e: conflicts")
-    _export_mod.export(tree, root / "patches")
+    export_mod.export(tree, root / "patches")
 
     # C1: b gets lines on top (offsets), c changes a context line (3-way),
     # d takes the patch's change (upstream); a and e untouched.
-    _write(up, "b.py", ["new 1", "new 2", "new 3", *LINES])
-    _write(up, "c.py", _edit(LINES, l18="c upstream"))
-    _write(up, "d.py", _edit(LINES, l10="D patched"))
+    write_lines(up, "b.py", ["new 1", "new 2", "new 3", *LINES])
+    write_lines(up, "c.py", edit_lines(LINES, l18="c upstream"))
+    write_lines(up, "d.py", edit_lines(LINES, l10="D patched"))
     c1 = _commit(up, "C1")
-    _write(up, "e.py", _edit(LINES, l30="E upstream"))
+    write_lines(up, "e.py", edit_lines(LINES, l30="E upstream"))
     c2 = _commit(up, "C2")
     return {"up": up, "root": root, "tree": tree, "c0": c0, "c1": c1, "c2": c2}
-
-
 
 
 SERIES_SUBJECTS = ("Add the kernel module", "Register the backend", "Prefer the backend on CUDA")
@@ -227,10 +240,8 @@ SERIES_SUBJECTS = ("Add the kernel module", "Register the backend", "Prefer the 
 
 def series_project(tmp: Path, *, kernel_subject: str = SERIES_SUBJECTS[0]) -> tuple[Path, Path, Pin]:
     """A project whose patches/ holds a 3-patch series exported from a real tree
-    (tmp/authoring), and a fresh work tree at the base (tmp/work/vllm, not applied)."""
-    from smla import export, source
-
-    quiet = dict(echo=lambda *_: None)
+    (tmp/authoring), and a fresh work tree at the base (tmp/work/vllm, not applied). The fixture of
+    the same name (tests/conftest.py) copies one built per session."""
     upstream, commit = make_upstream(tmp)
     root = make_project(tmp, str(upstream), commit)
     authoring = tmp / "authoring"
@@ -242,7 +253,7 @@ def series_project(tmp: Path, *, kernel_subject: str = SERIES_SUBJECTS[0]) -> tu
     commit_change(authoring, {"vllm/registry.py": "A = 1\nB = 2\nSPARSE = 9\nC = 3\n"}, SERIES_SUBJECTS[1])
     commit_change(authoring, {"vllm/platforms/cuda.py": cuda.replace("line 20\n", "line 20\nSPARSE\n")},
                   SERIES_SUBJECTS[2])
-    export.export(authoring, root / "patches")
+    export_mod.export(authoring, root / "patches")
     tree = tmp / "work" / "vllm"
     source.fetch(pin, tree, "git", **quiet)
     return root, tree, pin

@@ -1,7 +1,6 @@
 """apply / export / status / series validation on real temporary git repos."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -12,15 +11,7 @@ from smla import apply as apply_mod, export as export_mod, proc, series, source,
 from smla.cli import main
 from smla.errors import ApplyError, ExportError, SeriesError, TreeStateError
 
-from gitfixtures import commit_change, make_project, pin_for, series_project
-
-quiet = dict(echo=lambda *_: None)
-
-
-@pytest.fixture
-def setup(tmp_path):
-    """A project with a 3-patch series exported from a real tree, and a fresh tree at the base."""
-    return series_project(tmp_path)
+from gitfixtures import commit_change, make_project, pin_for, quiet
 
 
 def load(root: Path) -> series.Series:
@@ -31,8 +22,8 @@ def subjects(tree: Path) -> list[str]:
     return [s for _, s in treeinfo.commits_above_base(tree)]
 
 
-def test_apply_commits_one_per_patch_and_rerun_is_noop(setup):
-    root, tree, _ = setup
+def test_apply_commits_one_per_patch_and_rerun_is_noop(series_project):
+    root, tree, _ = series_project
     result = apply_mod.apply_series(load(root), tree, **quiet)
     assert [o.state for o in result.outcomes] == ["applied"] * 3
     assert subjects(tree) == ["Add the kernel module", "Register the backend", "Prefer the backend on CUDA"]
@@ -46,8 +37,8 @@ def test_apply_commits_one_per_patch_and_rerun_is_noop(setup):
     assert proc.git_out(tree, "rev-parse", "HEAD") == head
 
 
-def test_applied_commit_ids_are_reproducible(setup, tmp_path):
-    root, tree, pin = setup
+def test_applied_commit_ids_are_reproducible(series_project, tmp_path):
+    root, tree, pin = series_project
     apply_mod.apply_series(load(root), tree, **quiet)
     other = tmp_path / "other"
     source.fetch(pin, other, "git", **quiet)
@@ -55,8 +46,8 @@ def test_applied_commit_ids_are_reproducible(setup, tmp_path):
     assert proc.git_out(tree, "rev-parse", "HEAD") == proc.git_out(other, "rev-parse", "HEAD")
 
 
-def test_partly_applied_tree_gets_the_rest(setup):
-    root, tree, _ = setup
+def test_partly_applied_tree_gets_the_rest(series_project):
+    root, tree, _ = series_project
     apply_mod.apply_series(load(root), tree, **quiet)
     proc.git(tree, "reset", "-q", "--hard", "HEAD~2")
     result = apply_mod.apply_series(load(root), tree, **quiet)
@@ -64,8 +55,8 @@ def test_partly_applied_tree_gets_the_rest(setup):
     assert len(subjects(tree)) == 3
 
 
-def test_conflict_names_patch_file_hunk_and_leaves_tree_untouched(setup):
-    root, tree, _ = setup
+def test_conflict_names_patch_file_hunk_and_leaves_tree_untouched(series_project):
+    root, tree, _ = series_project
     # upstream moved under the third patch: change the lines its hunk needs, as a base-level edit
     cuda = tree / "vllm/platforms/cuda.py"
     cuda.write_text(cuda.read_text().replace("line 19\n", "line nineteen\n"))
@@ -84,8 +75,8 @@ def test_conflict_names_patch_file_hunk_and_leaves_tree_untouched(setup):
     assert proc.git_out(tree, "worktree", "list").count("\n") == 0
 
 
-def test_dirty_tree_is_refused_unless_forced(setup):
-    root, tree, _ = setup
+def test_dirty_tree_is_refused_unless_forced(series_project):
+    root, tree, _ = series_project
     (tree / "README.md").write_text("my edit\n")
     with pytest.raises(TreeStateError, match="uncommitted changes"):
         apply_mod.apply_series(load(root), tree, **quiet)
@@ -94,8 +85,8 @@ def test_dirty_tree_is_refused_unless_forced(setup):
     assert len(subjects(tree)) == 3 and (tree / "README.md").read_text() == "my edit\n"
 
 
-def test_patch_already_upstream_is_reported_not_reapplied(setup, tmp_path):
-    root, tree, _ = setup
+def test_patch_already_upstream_is_reported_not_reapplied(series_project, tmp_path):
+    root, tree, _ = series_project
     # the registry change landed upstream: make the base contain it
     (tree / "vllm/registry.py").write_text("A = 1\nB = 2\nSPARSE = 9\nC = 3\n")
     proc.git(tree, "commit", "-qam", "upstream merged it")
@@ -113,8 +104,8 @@ def test_patch_already_upstream_is_reported_not_reapplied(setup, tmp_path):
         export_mod.export(tree, root / "patches")
 
 
-def test_export_is_byte_stable_and_reproduces_the_series(setup):
-    root, tree, _ = setup
+def test_export_is_byte_stable_and_reproduces_the_series(series_project):
+    root, tree, _ = series_project
     patches = root / "patches"
     before = {p.name: p.read_bytes() for p in patches.iterdir()}
     mtimes = {p.name: p.stat().st_mtime_ns for p in patches.iterdir()}
@@ -128,8 +119,8 @@ def test_export_is_byte_stable_and_reproduces_the_series(setup):
     assert "Subject: [PATCH] Add the kernel module" in text and "\n-- \n" not in text
 
 
-def test_export_after_edit_rewrites_only_changed_files_and_drops_stale(setup):
-    root, tree, _ = setup
+def test_export_after_edit_rewrites_only_changed_files_and_drops_stale(series_project):
+    root, tree, _ = series_project
     apply_mod.apply_series(load(root), tree, **quiet)
     proc.git(tree, "reset", "-q", "--hard", "HEAD~1")  # drop patch 3
     commit_change(tree, {"vllm/registry.py": "A = 1\nB = 2\nSPARSE = 10\nC = 3\n"}, "Tune the registry")
@@ -143,15 +134,15 @@ def test_export_after_edit_rewrites_only_changed_files_and_drops_stale(setup):
     assert (root / "patches/series").read_text().splitlines()[-1] == "0003-Tune-the-registry.patch"
 
 
-def test_empty_export_is_refused(setup):
-    root, tree, _ = setup
+def test_empty_export_is_refused(series_project):
+    root, tree, _ = series_project
     with pytest.raises(ExportError, match="nothing to export"):
         export_mod.export(tree, root / "patches")
     assert len(load(root).patches) == 3
 
 
-def test_status_reports_patches_and_local_edits(setup):
-    root, tree, pin = setup
+def test_status_reports_patches_and_local_edits(series_project):
+    root, tree, pin = series_project
     apply_mod.apply_series(load(root), tree, **quiet)
     s = status_mod.status(pin, tree, load(root))
     assert [p["state"] for p in s["patches"]] == ["already-applied"] * 3
@@ -198,8 +189,8 @@ def test_malformed_hunk_is_rejected(tmp_path):
         series.load(root / "patches")
 
 
-def test_series_and_directory_must_agree(setup):
-    root, _, _ = setup
+def test_series_and_directory_must_agree(series_project):
+    root, _, _ = series_project
     (root / "patches" / "0009-stray.patch").write_text("x")
     with pytest.raises(SeriesError, match="not in series: 0009-stray.patch"):
         load(root)
@@ -209,8 +200,8 @@ def test_series_and_directory_must_agree(setup):
         load(root)
 
 
-def test_write_through_symlink_is_refused(setup, tmp_path):
-    root, tree, _ = setup
+def test_write_through_symlink_is_refused(series_project, tmp_path):
+    root, tree, _ = series_project
     outside = tmp_path / "outside"
     outside.mkdir()
     (tree / "vllm" / "ops").symlink_to(outside)
@@ -224,8 +215,8 @@ def test_write_through_symlink_is_refused(setup, tmp_path):
 
 # --- CLI edge ----------------------------------------------------------------
 
-def test_cli_exit_codes_and_hints(setup):
-    root, tree, _ = setup
+def test_cli_exit_codes_and_hints(series_project):
+    root, tree, _ = series_project
     runner = CliRunner()
     ok = runner.invoke(main, ["--root", str(root), "--tree", str(tree), "apply"])
     assert ok.exit_code == 0, ok.output
@@ -242,8 +233,8 @@ def test_cli_exit_codes_and_hints(setup):
     assert js.exit_code == 0 and '"uncommitted"' in js.output
 
 
-def test_fetch_force_refuses_to_lose_unexported_work(setup):
-    root, tree, _ = setup
+def test_fetch_force_refuses_to_lose_unexported_work(series_project):
+    root, tree, _ = series_project
     apply_mod.apply_series(load(root), tree, **quiet)
     commit_change(tree, {"vllm/new.py": "x = 1\n"}, "Unexported fix")
     runner = CliRunner()
@@ -262,8 +253,8 @@ def test_fetch_force_refuses_to_lose_unexported_work(setup):
     assert (tree / "README.md").read_text() == "upstream\n"
 
 
-def test_commands_refuse_a_stopped_rebase(setup):
-    root, tree, _ = setup
+def test_commands_refuse_a_stopped_rebase(series_project):
+    root, tree, _ = series_project
     apply_mod.apply_series(load(root), tree, **quiet)
     state = tree / ".git" / treeinfo.REBASE_STATE_DIR / "state.json"
     state.parent.mkdir()

@@ -8,7 +8,6 @@ import re
 import shlex
 import sys
 import tarfile
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -21,23 +20,16 @@ from smla.errors import (ApplyError, CommandError, FetchError, LockError, Rebase
                          TreeStateError, UsageError)
 from smla.project import TREE_ENV, Project
 
-from gitfixtures import commit_change, series_project
-
-quiet = dict(echo=lambda *_: None)
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def proj(tmp_path):
-    return series_project(tmp_path)
+import gitfixtures
+from gitfixtures import REPO_ROOT, commit_change, make_sdist, quiet
 
 
 def run(*args: str, env: dict | None = None):
     return CliRunner().invoke(main, list(args), env=env)
 
 
-def test_global_options_work_after_the_command_name(proj):
-    root, tree, _ = proj
+def test_global_options_work_after_the_command_name(series_project):
+    root, tree, _ = series_project
     before = run("--root", str(root), "--tree", str(tree), "status")
     after = run("status", "--root", str(root), "--tree", str(tree))  # old code: "No such option: --tree"
     assert after.exit_code == 0, after.output
@@ -46,21 +38,21 @@ def test_global_options_work_after_the_command_name(proj):
     assert run("export", "--json", "--tree", str(tree), "--root", str(root)).exit_code == 0
 
 
-def test_one_tree_variable(proj, monkeypatch):
-    root, tree, _ = proj
+def test_one_tree_variable(series_project, monkeypatch):
+    root, tree, _ = series_project
     assert TREE_ENV == "SMLA_TREE"
     monkeypatch.setenv("SMLA_TREE", str(tree))
     assert Project(root).default_tree == tree
     res = run("--root", str(root), "status", env={"SMLA_TREE": str(tree)})
     assert res.exit_code == 0 and f"work tree   {tree}" in res.output
-    users = [p for p in [*REPO.glob("tools/smla/*.py"), *REPO.glob("tests/*.py"), *REPO.glob("bench/*.py"),
-                         REPO / "Makefile", *REPO.glob("docs/*.md"), REPO / "README.md", *REPO.glob("tests/gpu/*.sh")]
+    users = [p for p in [*REPO_ROOT.glob("tools/smla/*.py"), *REPO_ROOT.glob("tests/*.py"), *REPO_ROOT.glob("bench/*.py"),
+                         REPO_ROOT / "Makefile", *REPO_ROOT.glob("docs/*.md"), REPO_ROOT / "README.md", *REPO_ROOT.glob("tests/gpu/*.sh")]
              if p.is_file() and "SMLA_VLLM" + "_TREE" in p.read_text()]
     assert users == []
 
 
-def test_discard_without_force_is_an_error(proj):
-    root, tree, _ = proj
+def test_discard_without_force_is_an_error(series_project):
+    root, tree, _ = series_project
     (tree / "README.md").write_text("mine\n")
     res = run("fetch", "--discard", "--root", str(root), "--tree", str(tree))  # old code: silently ignored
     assert res.exit_code == UsageError.exit_code == 2
@@ -68,8 +60,8 @@ def test_discard_without_force_is_an_error(proj):
     assert (tree / "README.md").read_text() == "mine\n"
 
 
-def test_errors_are_json_under_json(proj):
-    root, tree, _ = proj
+def test_errors_are_json_under_json(series_project):
+    root, tree, _ = series_project
     res = run("apply", "--json", "--root", str(root), "--tree", str(tree / "missing"))
     assert res.exit_code == TreeStateError.exit_code
     data = json.loads(res.stdout)  # old code: "error: ..." text, not JSON
@@ -98,7 +90,7 @@ def test_rebase_test_failure_has_its_own_exit_code():
 def test_hints_are_quoted_shell_commands(tmp_path):
     spaced = tmp_path / "my dir"
     spaced.mkdir()
-    root, tree, _ = series_project(spaced)
+    root, tree, _ = gitfixtures.series_project(spaced)
     cuda = tree / "vllm/platforms/cuda.py"
     cuda.write_text(cuda.read_text().replace("line 19\n", "line nineteen\n"))
     proc.git(tree, "commit", "-qam", "local drift")
@@ -111,8 +103,8 @@ def test_hints_are_quoted_shell_commands(tmp_path):
     assert "'" in git_cmd
 
 
-def test_clean_keeps_unexported_work_unless_discard(proj):
-    root, tree, _ = proj
+def test_clean_keeps_unexported_work_unless_discard(series_project):
+    root, tree, _ = series_project
     args = ["clean", "--root", str(root), "--tree", str(tree)]
     apply_mod.apply_series(series.load(root / "patches"), tree, **quiet)
     commit_change(tree, {"vllm/new.py": "x = 1\n"}, "Unexported fix")
@@ -124,7 +116,7 @@ def test_clean_keeps_unexported_work_unless_discard(proj):
 
 
 def test_makefile_clean_goes_through_the_guard():
-    text = (REPO / "Makefile").read_text()
+    text = (REPO_ROOT / "Makefile").read_text()
     recipe = text.split("\nclean:", 1)[1].split("\n\n", 1)[0]
     assert "$(SMLA) clean" in recipe
     assert recipe.index("$(SMLA) clean") < recipe.index("rm -rf")
@@ -143,8 +135,8 @@ def test_progress_goes_to_stderr_only_on_a_terminal(monkeypatch):
     assert not cache.progress_enabled()
 
 
-def test_json_turns_progress_off(proj, monkeypatch):
-    root, tree, _ = proj
+def test_json_turns_progress_off(series_project, monkeypatch):
+    root, tree, _ = series_project
     seen = []
     real = apply_mod.apply_series
     monkeypatch.setattr(apply_mod, "apply_series", lambda *a, **k: (seen.append(cache._progress_on), real(*a, **k))[1])
@@ -157,7 +149,7 @@ def test_one_version_number():
     res = run("--version")
     assert res.exit_code == 0 and res.output.strip() == f"smla, version {smla.__version__}"
     assert importlib.metadata.version("vllm-sparse-mla") == smla.__version__
-    text = (REPO / "pyproject.toml").read_text()
+    text = (REPO_ROOT / "pyproject.toml").read_text()
     assert 'dynamic = ["version"]' in text and "smla.__version__" in text
     assert not re.search(r"^version\s*=\s*\"", text, re.M)
 
@@ -166,20 +158,18 @@ def test_no_tools_package_left():
     import importlib.util
 
     assert importlib.util.find_spec("tools") is None or "smla" not in str(importlib.util.find_spec("tools").origin)
-    for p in [*REPO.glob("tools/smla/*.py"), *REPO.glob("tests/*.py")]:
+    for p in [*REPO_ROOT.glob("tools/smla/*.py"), *REPO_ROOT.glob("tests/*.py")]:
         assert not re.search(r"^\s*(from|import) tools\b", p.read_text(), re.M), p
 
 
 def test_requires_python_excludes_tarfiles_without_filters():
-    text = (REPO / "pyproject.toml").read_text()
+    text = (REPO_ROOT / "pyproject.toml").read_text()
     spec = SpecifierSet(re.search(r'^requires-python\s*=\s*"([^"]+)"', text, re.M).group(1))
     assert "3.10.11" not in spec and "3.11.3" not in spec and "3.10.0" not in spec
     assert "3.10.12" in spec and "3.11.4" in spec and "3.12.0" in spec and "3.13.1" in spec
 
 
 def test_unpacking_without_tar_filters_is_a_clear_error(tmp_path, monkeypatch):
-    from gitfixtures import make_sdist
-
     sdist, _ = make_sdist(tmp_path)
     monkeypatch.delattr(tarfile, "data_filter")
     dest = tmp_path / "dest"

@@ -9,33 +9,22 @@ import pytest
 from smla import cache
 from smla.errors import ChecksumError, FetchError
 
-from gitfixtures import IndexServer
-
-
-@pytest.fixture
-def server(monkeypatch, tmp_path):
-    srv = IndexServer()
-    monkeypatch.setenv("SMLA_INDEX_URL", srv.base + "/simple")
-    monkeypatch.setenv("SMLA_CACHE_DIR", str(tmp_path / "cache"))
-    yield srv
-    srv.close()
-
 
 def _dest(tmp_path, name):
     return tmp_path / "cache" / "downloads" / name
 
 
-def test_loopback_index_and_file_work(server, tmp_path):
-    server.publish("vllm", [("vllm-1.0.tar.gz", b"payload")])
+def test_loopback_index_and_file_work(index, tmp_path):
+    index.publish("vllm", [("vllm-1.0.tar.gz", b"payload")])
     url, sha = cache.pypi_file("vllm", "vllm-1.0.tar.gz")
-    assert url == f"{server.base}/files/vllm-1.0.tar.gz"
+    assert url == f"{index.base}/files/vllm-1.0.tar.gz"
     assert cache.fetch(url, _dest(tmp_path, "vllm-1.0.tar.gz"), sha, quiet=True).read_bytes() == b"payload"
 
 
 @pytest.mark.parametrize("bad", ["file:///etc/passwd", "http://example.com/vllm-1.0.tar.gz",
                                  "ftp://example.com/vllm-1.0.tar.gz", "data:,payload"])
-def test_index_returning_other_schemes_is_refused(server, tmp_path, bad):
-    server.publish("vllm", [("vllm-1.0.tar.gz", b"payload")], url_for=lambda _name: bad)
+def test_index_returning_other_schemes_is_refused(index, tmp_path, bad):
+    index.publish("vllm", [("vllm-1.0.tar.gz", b"payload")], url_for=lambda _name: bad)
     with pytest.raises(FetchError, match="refusing"):
         cache.pypi_file("vllm", "vllm-1.0.tar.gz")
     with pytest.raises(FetchError, match="refusing"):
@@ -50,22 +39,22 @@ def test_remote_plain_http_index_is_refused_before_any_request(monkeypatch):
 
 
 @pytest.mark.parametrize("target", ["file:///etc/passwd", "http://example.invalid/x.tar.gz"])
-def test_redirect_to_a_forbidden_url_is_refused(server, tmp_path, target):
-    server.routes["/files/x.tar.gz"] = (None, {"redirect": target})
+def test_redirect_to_a_forbidden_url_is_refused(index, tmp_path, target):
+    index.routes["/files/x.tar.gz"] = (None, {"redirect": target})
     with pytest.raises(FetchError, match="refusing a redirect|Redirection to url .* is not allowed"):
-        cache.fetch(f"{server.base}/files/x.tar.gz", _dest(tmp_path, "x.tar.gz"), "0" * 64, quiet=True)
+        cache.fetch(f"{index.base}/files/x.tar.gz", _dest(tmp_path, "x.tar.gz"), "0" * 64, quiet=True)
 
 
-def test_credentials_are_sent_but_never_shown(server, tmp_path, monkeypatch, caplog):
+def test_credentials_are_sent_but_never_shown(index, tmp_path, monkeypatch, caplog):
     secret = "s3cr3t-token"
-    monkeypatch.setenv("SMLA_INDEX_URL", f"http://alice:{secret}@127.0.0.1:{server.server.server_port}/simple")
+    monkeypatch.setenv("SMLA_INDEX_URL", f"http://alice:{secret}@127.0.0.1:{index.server.server_port}/simple")
     auth = "Basic " + base64.b64encode(f"alice:{secret}".encode()).decode()
-    server.publish("vllm", [("vllm-1.0.tar.gz", b"payload")], extra={"auth": auth})
+    index.publish("vllm", [("vllm-1.0.tar.gz", b"payload")], extra={"auth": auth})
     caplog.set_level(logging.DEBUG)
     url, sha = cache.pypi_file("vllm", "vllm-1.0.tar.gz")
     assert secret not in url and "alice" not in url
     cache.fetch(url, _dest(tmp_path, "vllm-1.0.tar.gz"), sha, quiet=True)
-    assert [h.get("Authorization") for _, h in server.requests] == [auth, auth]  # index and file
+    assert [h.get("Authorization") for _, h in index.requests] == [auth, auth]  # index and file
     # errors: wrong checksum, a missing file, an unreachable index
     with pytest.raises(ChecksumError) as exc1:
         cache.fetch(url, _dest(tmp_path, "other.tar.gz"), "f" * 64, quiet=True)
@@ -80,21 +69,18 @@ def test_credentials_are_sent_but_never_shown(server, tmp_path, monkeypatch, cap
     assert "***@127.0.0.1" in shown
 
 
-def test_credentials_do_not_follow_a_redirect_to_another_host(server, tmp_path, monkeypatch):
-    other = IndexServer()
-    try:
-        # "localhost" vs "127.0.0.1": another host name for the redirect check, same machine
-        target = f"http://localhost:{other.server.server_port}/files/x.tar.gz"
-        other.routes["/files/x.tar.gz"] = (b"payload", None)
-        server.routes["/files/x.tar.gz"] = (None, {"redirect": target})
-        url = f"http://bob:pw@127.0.0.1:{server.server.server_port}/files/x.tar.gz"
-        import hashlib
+def test_credentials_do_not_follow_a_redirect_to_another_host(index, tmp_path):
+    import hashlib
 
-        cache.fetch(url, _dest(tmp_path, "x.tar.gz"), hashlib.sha256(b"payload").hexdigest(), quiet=True)
-        assert server.requests[0][1].get("Authorization")
-        assert "Authorization" not in other.requests[0][1]
-    finally:
-        other.close()
+    # "localhost" vs "127.0.0.1": another host name for the redirect check, the same index
+    port = index.server.server_port
+    index.routes["/files/x.tar.gz"] = (None, {"redirect": f"http://localhost:{port}/other/x.tar.gz"})
+    index.routes["/other/x.tar.gz"] = (b"payload", None)
+    url = f"http://bob:pw@127.0.0.1:{port}/files/x.tar.gz"
+    cache.fetch(url, _dest(tmp_path, "x.tar.gz"), hashlib.sha256(b"payload").hexdigest(), quiet=True)
+    assert [path for path, _ in index.requests] == ["/files/x.tar.gz", "/other/x.tar.gz"]
+    assert index.requests[0][1].get("Authorization")
+    assert "Authorization" not in index.requests[1][1]
 
 
 def test_redact():
@@ -103,14 +89,14 @@ def test_redact():
     assert cache.redact("https://host/simple") == "https://host/simple"
 
 
-def test_progress_never_writes_to_stdout(server, tmp_path, capfd, monkeypatch):
+def test_progress_never_writes_to_stdout(index, tmp_path, capfd, monkeypatch):
     """The bar really draws (stderr is made to look like a terminal, as it is for a user), and only
     to stderr. (Before: under pytest stderr is no terminal, so nothing drew and the test could not fail.)"""
     import sys
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     monkeypatch.delenv("TERM", raising=False)
-    server.publish("vllm", [("vllm-1.0.tar.gz", b"payload" * 1000)])
+    index.publish("vllm", [("vllm-1.0.tar.gz", b"payload" * 1000)])
     url, sha = cache.pypi_file("vllm", "vllm-1.0.tar.gz")
     cache.fetch(url, _dest(tmp_path, "vllm-1.0.tar.gz"), sha)  # quiet=False
     out, err = capfd.readouterr()

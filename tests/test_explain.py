@@ -7,7 +7,6 @@ CLI tests check input errors (exit 2, no subprocess) and one full run.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -16,7 +15,7 @@ from smla import explain, selection
 from smla.cli import main
 from smla.errors import UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
+from gitfixtures import REPO_ROOT
 
 GLM5_CONFIG = {
     "architectures": ["GlmMoeDsaForCausalLM"],
@@ -230,7 +229,7 @@ def test_unknown_kv_cache_dtype_refused_by_vllm(results):
 # --- CLI --------------------------------------------------------------------
 
 def _cli(vllm_tree, *args):
-    return CliRunner().invoke(main, ["--root", str(ROOT), "--tree", str(vllm_tree), "explain", *args])
+    return CliRunner().invoke(main, ["--root", str(REPO_ROOT), "--tree", str(vllm_tree), "explain", *args])
 
 
 @pytest.mark.parametrize("args,msg", [

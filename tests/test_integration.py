@@ -17,9 +17,9 @@ from smla import apply as apply_mod, export as export_mod, proc, series, source,
 from smla.pin import Pin
 from smla.project import Project
 
-from gitfixtures import commit_change, make_upstream
+from gitfixtures import REPO_ROOT, commit_change, make_upstream, quiet
 
-ROOT = Path(os.environ.get("SMLA_ROOT") or Path(__file__).resolve().parents[1])  # the toolkit checkout
+ROOT = Path(os.environ.get("SMLA_ROOT") or REPO_ROOT)  # the toolkit checkout whose pin and series are checked
 
 
 def source_for(pin: Pin) -> str:
@@ -38,7 +38,7 @@ def commit_pin_project(tmp: Path) -> Project:
     )
     project = Project(root)
     tree = tmp / "authoring"
-    source.fetch(project.pin(), tree, "git", echo=lambda *_: None)
+    source.fetch(project.pin(), tree, "git", **quiet)
     lines = (tree / "vllm/platforms/cuda.py").read_text().replace("line 20\n", "line 20 patched\n")
     commit_change(tree, {"vllm/platforms/cuda.py": lines}, "Patch the priority list",
                   "Why: the fixture's backend must be picked where upstream has none.")
@@ -54,7 +54,7 @@ def fresh_tree(request, tmp_path_factory):
     project = Project(ROOT) if request.param == "pinned" else commit_pin_project(tmp)
     pin = project.pin()
     tree = tmp / "vllm"
-    info = source.fetch(pin, tree, source_for(pin), echo=lambda *_: None)
+    info = source.fetch(pin, tree, source_for(pin), **quiet)
     return project, tree, info
 
 
@@ -64,7 +64,7 @@ def test_series_applies_to_the_pin_with_zero_fuzz_and_round_trips(fresh_tree, tm
     assert (info.upstream_commit, info.version) == (pin.commit, pin.version)
     assert info.source == ("sdist" if pin.has_sdist else "git")
     s = series.load(project.patches_dir)
-    result = apply_mod.apply_series(s, tree, fuzz=0, echo=lambda *_: None)
+    result = apply_mod.apply_series(s, tree, fuzz=0, **quiet)
     assert [o.state for o in result.outcomes] == ["applied"] * len(s.patches)
     assert all(o.offsets == [] for o in result.outcomes), "the series must apply to the pin without offsets"
 
@@ -92,5 +92,5 @@ def test_the_commit_pin_is_not_fetched_from_an_sdist(tmp_path):
     pin = commit_pin_project(tmp_path).pin()
     assert not pin.has_sdist
     with pytest.raises(FetchError, match="not a release"):
-        source.fetch(pin, tmp_path / "t", "sdist", echo=lambda *_: None)
+        source.fetch(pin, tmp_path / "t", "sdist", **quiet)
     assert proc.git_out(Path(pin.repo), "rev-parse", "HEAD") == pin.commit

@@ -2,8 +2,6 @@
 it did not check (real git, a local HTTP index that holds the download open)."""
 from __future__ import annotations
 
-import http.server
-import json
 import os
 import subprocess
 import sys
@@ -16,41 +14,18 @@ import pytest
 from smla import lock, source
 from smla.errors import LockError, TreeStateError
 
-from gitfixtures import make_project, make_sdist, make_upstream, pin_for
+from gitfixtures import make_project, make_sdist, make_upstream, pin_for, quiet
 
 
 @pytest.fixture
-def slow_index(tmp_path):
-    """An index whose sdist download blocks until `release` is set."""
+def slow_index(index, tmp_path):
+    """The local package index, whose sdist download blocks until `release` is set."""
     sdist, sha = make_sdist(tmp_path)
     release = threading.Event()
-    routes = {}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            if self.path not in routes:
-                self.send_error(404)
-                return
-            body = routes[self.path]
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.path.startswith("/files/"):
-                release.wait(60)
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_port}"
-    routes["/simple/vllm/"] = json.dumps({"files": [{"filename": sdist.name, "url": f"{base}/files/{sdist.name}",
-                                                     "hashes": {"sha256": sha}}]}).encode()
-    routes[f"/files/{sdist.name}"] = sdist.read_bytes()
-    yield base, sha, release
+    index.publish("vllm", [(sdist.name, sdist.read_bytes())])
+    index.routes[f"/files/{sdist.name}"] = (sdist.read_bytes(), {"wait": release})
+    yield index.base, sha, release
     release.set()
-    server.shutdown()
 
 
 def _smla(root: Path, tree: Path, *args: str) -> list[str]:
@@ -113,7 +88,7 @@ def test_fetch_rechecks_the_target_after_filling(tmp_path, monkeypatch):
 
     monkeypatch.setattr(source, "_fill", fill_while_someone_else_writes)
     with pytest.raises(TreeStateError, match="not an smla work tree"):
-        source.fetch(pin_for(upstream, commit), tree, "git", echo=lambda *_: None)
+        source.fetch(pin_for(upstream, commit), tree, "git", **quiet)
     assert (tree / "theirs.txt").read_text() == "keep me"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tree.")]
 
@@ -121,7 +96,7 @@ def test_fetch_rechecks_the_target_after_filling(tmp_path, monkeypatch):
 def test_fetch_force_rechecks_unsaved_work_after_filling(tmp_path, monkeypatch):
     upstream, first = make_upstream(tmp_path)
     tree = tmp_path / "tree"
-    source.fetch(pin_for(upstream, first), tree, "git", echo=lambda *_: None)
+    source.fetch(pin_for(upstream, first), tree, "git", **quiet)
     calls = []
 
     def guard(t):
@@ -130,5 +105,5 @@ def test_fetch_force_rechecks_unsaved_work_after_filling(tmp_path, monkeypatch):
             raise TreeStateError("holds work")
 
     with pytest.raises(TreeStateError, match="holds work"):
-        source.fetch(pin_for(upstream, first), tree, "git", force=True, guard=guard, echo=lambda *_: None)
+        source.fetch(pin_for(upstream, first), tree, "git", force=True, guard=guard, **quiet)
     assert len(calls) == 2 and (tree / ".git").is_dir()

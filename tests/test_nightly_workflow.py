@@ -20,17 +20,16 @@ import yaml
 from smla import proc
 from smla.pin import load as load_pin
 
-from gitfixtures import make_rebase_world
+from gitfixtures import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / ".github" / "scripts" / "rebase-nightly.sh"
-WORKFLOW = REPO / ".github" / "workflows" / "rebase-nightly.yml"
+SCRIPT = REPO_ROOT / ".github" / "scripts" / "rebase-nightly.sh"
+WORKFLOW = REPO_ROOT / ".github" / "workflows" / "rebase-nightly.yml"
 
 
 @pytest.fixture()
-def world(tmp_path, monkeypatch):
-    monkeypatch.setenv("SMLA_CACHE_DIR", str(tmp_path / "cache"))
-    w = make_rebase_world(tmp_path)
+def world(rebase_world, tmp_path):
+    """The rebase world, upstream main at C1 (a clean target), and an `smla` on PATH for the script."""
+    w = rebase_world
     proc.git(w["up"], "branch", "-f", "main", w["c1"])  # the tip of upstream main: a clean target
     smla = tmp_path / "bin" / "smla"
     smla.parent.mkdir()

@@ -2,19 +2,16 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from smla import treeinfo
 from smla import apply as apply_mod, proc, series
 
-from gitfixtures import series_project
-
-REPO = Path(__file__).resolve().parents[1]
+from gitfixtures import REPO_ROOT
 
 
-def test_inherited_git_variables_do_not_redirect(tmp_path, monkeypatch):
+def test_inherited_git_variables_do_not_redirect(series_project, tmp_path, monkeypatch):
     """As when smla runs from a git hook: GIT_DIR, GIT_WORK_TREE, GIT_INDEX_FILE point elsewhere."""
-    root, tree, _ = series_project(tmp_path)
+    root, tree, _ = series_project
     other = tmp_path / "decoy"
     other.mkdir()
     proc.git(other, "init", "-q")
@@ -45,9 +42,9 @@ def test_inherited_git_variables_do_not_redirect(tmp_path, monkeypatch):
 
 def test_one_way_to_run_git():
     """No GitPython, no direct subprocess outside proc."""
-    for p in REPO.glob("tools/smla/*.py"):
+    for p in REPO_ROOT.glob("tools/smla/*.py"):
         text = p.read_text()
         assert not re.search(r"^\s*(import git\b|from git\b)", text, re.M), p
         if p.name != "proc.py":
             assert not re.search(r"\bsubprocess\.(run|Popen|call|check_output)\(", text), p
-    assert "gitpython" not in (REPO / "pyproject.toml").read_text().lower()
+    assert "gitpython" not in (REPO_ROOT / "pyproject.toml").read_text().lower()

@@ -22,13 +22,13 @@ from smla import export as export_mod
 from smla.cli import main
 from smla.pin import load as load_pin
 
-from gitfixtures import LINES, IndexServer, _edit, _write, make_rebase_world
+from gitfixtures import LINES, edit_lines, write_lines
+
 
 @pytest.fixture()
-def world(tmp_path, monkeypatch):
+def world(rebase_world):
     """Upstream mirror (C0, C1 clean, C2 conflicting), a toolkit root with pin + patches, a patched tree."""
-    monkeypatch.setenv("SMLA_CACHE_DIR", str(tmp_path / "cache"))
-    return make_rebase_world(tmp_path)
+    return rebase_world
 
 
 def smla(world, *args: str):
@@ -100,7 +100,7 @@ def test_conflict_then_continue(world, tmp_path):
     assert again.exit_code == 7
     # continuing with the conflict unresolved is refused
     assert smla(world, "--continue").exit_code == 11
-    _write(tree, "e.py", _edit(LINES, l30="E patched on top of upstream"))
+    write_lines(tree, "e.py", edit_lines(LINES, l30="E patched on top of upstream"))
     proc.git(tree, "add", "--", "e.py")
     res = smla(world, "--continue", "--json")
     assert res.exit_code == 0, res.output
@@ -152,7 +152,7 @@ def test_dirty_tree_refused(world):
 
 def test_unexported_commit_refused(world):
     tree = world["tree"]
-    _write(tree, "a.py", _edit(LINES, l5="A patched differently"))
+    write_lines(tree, "a.py", edit_lines(LINES, l5="A patched differently"))
     proc.git(tree, "commit", "-q", "--amend", "--no-edit", "-a")  # amends patch e's commit: edits e + a
     res = smla(world, "--onto", world["c1"], "--source", str(world["up"]))
     assert res.exit_code == 7 and "commits not in patches/" in res.output and "smla export" in res.output
@@ -195,15 +195,6 @@ def _fake_sdist(world, commit_id: str | None) -> bytes:
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
     return buf.getvalue()
-
-
-@pytest.fixture()
-def index(monkeypatch):
-    """A local package index (loopback HTTP) that the rebase downloads sdists from."""
-    srv = IndexServer()
-    monkeypatch.setenv("SMLA_INDEX_URL", srv.base + "/simple")
-    yield srv
-    srv.close()
 
 
 def test_version_target_via_sdist(world, index):
@@ -344,7 +335,7 @@ def test_reports_follow_the_rebase_across_continue(world, tmp_path):
     name = f"rebase-0.0.1-to-{world['c2'][:12]}"
     stop = json.loads((rep / f"{name}.json").read_text())
     assert stop["status"] == "conflict" and [s["patch"] for s in stop["stops"]] == ["0005-Patch-e-conflicts.patch"]
-    _write(world["tree"], "e.py", _edit(LINES, l30="E patched on top of upstream"))
+    write_lines(world["tree"], "e.py", edit_lines(LINES, l30="E patched on top of upstream"))
     proc.git(world["tree"], "add", "--", "e.py")
     res = smla(world, "--continue")  # no --report-dir: the remembered one is used
     assert res.exit_code == 0, res.output
@@ -370,10 +361,10 @@ def test_abort_reports_to_the_remembered_place(world, tmp_path):
 def test_conflict_lists_only_the_hunks_with_markers(world, tmp_path):
     """F4: a hunk that fails plain apply but merges cleanly is not reported as conflicting."""
     tree, root, up = world["tree"], world["root"], world["up"]
-    _write(tree, "e.py", _edit(LINES, l5="E early patched", l30="E patched"))
+    write_lines(tree, "e.py", edit_lines(LINES, l5="E early patched", l30="E patched"))
     proc.git(tree, "commit", "-q", "--amend", "--no-edit", "-a")
     export_mod.export(tree, root / "patches")
-    _write(up, "e.py", _edit(LINES, l3="e context moved upstream", l30="E upstream"))
+    write_lines(up, "e.py", edit_lines(LINES, l3="e context moved upstream", l30="E upstream"))
     proc.git(up, "commit", "-q", "-am", "C3")
     c3 = proc.git_out(up, "rev-parse", "HEAD")
     res = smla(world, "--onto", c3, "--source", str(up), "--json")
@@ -417,13 +408,13 @@ def test_conflict_hunks_when_two_hunks_add_the_same_line(tmp_path):
     proc.git(repo, "init", "-q")
     base = ["def a():", "    return [", "        SM120,", "    ]", *[f"# filler {i}" for i in range(12)],
             "def b():", "    return [", "        MLA,", "        FLASHMLA_SPARSE,", "    ]"]
-    _write(repo, "f.py", base)
+    write_lines(repo, "f.py", base)
     proc.git(repo, "add", "f.py")
     proc.git(repo, "commit", "-qm", "base")
     patched = list(base)
     patched.insert(3, "        TRITON_SPARSE,")
     patched.insert(len(patched) - 1, "        TRITON_SPARSE,")
-    _write(repo, "f.py", patched)
+    write_lines(repo, "f.py", patched)
     proc.git(repo, "commit", "-qam", "Add TRITON_SPARSE\n\nWhy: test.")
     text = proc.git(repo, "format-patch", "-1", "--stdout").stdout
     path = tmp_path / "0001-x.patch"
@@ -433,7 +424,7 @@ def test_conflict_hunks_when_two_hunks_add_the_same_line(tmp_path):
               *[f"# filler {i}" for i in range(12)], "def b():", "    return [",
               "<<<<<<< HEAD", "        *tail,", "=======", "        MLA,", "        FLASHMLA_SPARSE,",
               "        TRITON_SPARSE,", ">>>>>>> Add TRITON_SPARSE", "    ]"]
-    _write(repo, "f.py", merged)
+    write_lines(repo, "f.py", merged)
     patch = series_mod.parse_patch(path)
     got = replay.hunks_with_markers(repo, patch, unidiff.PatchSet(text), ["f.py"])
     assert len(got) == 1 and got[0].startswith("hunk #2 of f.py"), got
@@ -444,7 +435,7 @@ def test_empty_resolution_says_skip_not_abort(world):
     with git am's own advice to abort; the tool says to skip the patch."""
     tree = world["tree"]
     assert smla(world, "--onto", world["c2"], "--source", str(world["up"])).exit_code == 11
-    _write(tree, "e.py", _edit(LINES, l30="E upstream"))  # keep upstream's line: the patch is dropped
+    write_lines(tree, "e.py", edit_lines(LINES, l30="E upstream"))  # keep upstream's line: the patch is dropped
     proc.git(tree, "add", "--", "e.py")
     res = smla(world, "--continue")
     assert res.exit_code == 11
@@ -484,7 +475,7 @@ def test_reword_while_resolving(world):
     then `smla rebase --continue`; the new subject names the exported patch."""
     tree = world["tree"]
     assert smla(world, "--onto", world["c2"], "--source", str(world["up"])).exit_code == 11
-    _write(tree, "e.py", _edit(LINES, l30="E patched on top of upstream"))
+    write_lines(tree, "e.py", edit_lines(LINES, l30="E patched on top of upstream"))
     proc.git(tree, "add", "--", "e.py")
     proc.git(tree, "am", "--continue")
     proc.git(tree, "commit", "-q", "--amend", "-m", "Patch e: reworded for the new base\n\nWhy: upstream moved.")

@@ -26,7 +26,7 @@ from smla import cache, proc, source
 from smla.cli import main
 from smla.pin import load
 
-REPO = Path(__file__).resolve().parents[1]
+from gitfixtures import REPO_ROOT
 ONTO = os.environ.get("SMLA_REAL_ONTO", "0.33.0")
 FULL_COMMIT = os.environ.get("SMLA_REAL_UPSTREAM_COMMIT")  # e.g. f2654939e69b4069b13977e9aef3e31d4dcaf051 for 0.26.0
 
@@ -56,12 +56,12 @@ def _fresh(tmp: Path, alternate: Path) -> Path:
 
 
 def test_real_rebase_onto_a_newer_release(tmp_path):
-    patches = Path(os.environ.get("SMLA_REAL_PATCHES", REPO / "patches"))
+    patches = Path(os.environ.get("SMLA_REAL_PATCHES", REPO_ROOT / "patches"))
     if not (patches / "series").is_file():
         pytest.skip(f"no series in {patches} yet")
     root = tmp_path / "root"
     root.mkdir()
-    pin_src = Path(os.environ.get("SMLA_REAL_PIN", REPO / "vllm-pin.txt"))
+    pin_src = Path(os.environ.get("SMLA_REAL_PIN", REPO_ROOT / "vllm-pin.txt"))
     shutil.copy2(pin_src, root / "vllm-pin.txt")
     shutil.copytree(patches, root / "patches")
     old_pin = load(root / "vllm-pin.txt")

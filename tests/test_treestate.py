@@ -13,9 +13,8 @@ from smla import apply as apply_mod, export as export_mod, proc, series, source,
 from smla.cli import main
 from smla.errors import ExportError, NotInSync, TreeStateError
 
-from gitfixtures import commit_change, series_project
-
-quiet = dict(echo=lambda *_: None)
+import gitfixtures
+from gitfixtures import commit_change, quiet
 KERNEL = "0001-Add-the-kernel-module.patch"
 
 
@@ -44,8 +43,8 @@ def teammate_changes_kernel(tmp_path: Path, root: Path, pin) -> None:
 
 
 @pytest.fixture
-def applied(tmp_path):
-    root, tree, pin = series_project(tmp_path)
+def applied(series_project):
+    root, tree, pin = series_project
     apply_mod.apply_series(load(root), tree, **quiet)
     return root, tree, pin
 
@@ -75,8 +74,8 @@ def test_make_patch_rebuilds_after_a_pull(applied, tmp_path):
     assert "return 2  # the fix" in (tree / "vllm/ops/kernel.py").read_text()
 
 
-def test_fresh_tree_status_says_apply(tmp_path):
-    root, tree, pin = series_project(tmp_path)
+def test_fresh_tree_status_says_apply(series_project):
+    root, tree, pin = series_project
     s = status_mod.status(pin, tree, load(root))
     assert s["state"] == "patches-newer" and {p["state"] for p in s["patches"]} == {"pending"}
     assert s["hint"].startswith("`smla apply` applies 0001-")
@@ -203,7 +202,7 @@ def test_no_record_and_changed_commit_is_not_guessed(applied):
 
 def test_non_ascii_subject_round_trips(tmp_path):
     subject = "Add the kernel module — fast path"
-    root, tree, pin = series_project(tmp_path, kernel_subject=subject)
+    root, tree, pin = gitfixtures.series_project(tmp_path, kernel_subject=subject)
     patch = load(root).patches[0]
     assert patch.subject == subject  # decoded, not "=?UTF-8?q?...?="
     assert "=?UTF-8?q?" in patch.path.read_text()

@@ -28,7 +28,7 @@ from smla import export as export_mod
 from smla import proc, series
 from smla import wheel as wh
 from smla.cli import main
-from smla.errors import WheelError
+from smla.errors import TreeStateError, WheelError
 from smla.pin import Pin
 
 RELEASE = "0.16.0"
@@ -452,11 +452,6 @@ def test_cli_json_and_exit_code(env, tmp_path):
 
 # --- item 5 (issue 10) and the 0.26.0 wheel shape (issue 11) ------------------------------
 
-from smla.errors import TreeStateError  # noqa: E402
-
-from gitfixtures import IndexServer  # noqa: E402
-
-
 def test_tree_at_another_upstream_commit_is_refused(env, tmp_path):
     other = PIN.with_changes(commit="1" * 40)
     with pytest.raises(TreeStateError, match="but the pin is") as exc:
@@ -538,29 +533,23 @@ def test_0_26_wheel_shape_stable_libtorch_and_manylinux_2_28(env, tmp_path):
     assert members[f"vllm-{r.version}.dist-info/WHEEL"] == WHEEL_META.encode()
 
 
-def test_official_wheel_is_found_on_the_index(tmp_path, monkeypatch):
-    srv = IndexServer()
-    try:
-        monkeypatch.setenv("SMLA_INDEX_URL", srv.base + "/simple")
-        monkeypatch.setenv("SMLA_CACHE_DIR", str(tmp_path / "cache"))
-        whl = make_base_wheel(tmp_path / "w", version="0.99.0", tags="cp38-abi3-manylinux_2_28_x86_64")
-        srv.publish("vllm", [("vllm-0.99.0.tar.gz", b"sdist"),
-                             ("vllm-0.99.0-cp38-abi3-manylinux_2_28_aarch64.whl", b"arm"),
-                             (whl.name, whl.read_bytes()),
-                             ("vllm-0.98.0-cp38-abi3-manylinux_2_28_x86_64.whl", b"old")])
-        pin = PIN.with_changes(version="0.99.0", sdist="vllm-0.99.0.tar.gz")
-        name, sha, url = wh.official_wheel(pin, "x86_64")
-        assert name == whl.name and sha == hashlib.sha256(whl.read_bytes()).hexdigest()
-        got = wh.base_wheel_path(pin, quiet=True)
-        assert got == tmp_path / "cache" / "downloads" / whl.name and got.read_bytes() == whl.read_bytes()
-        with pytest.raises(WheelError, match="no official Linux ppc64le wheel"):
-            wh.official_wheel(pin, "ppc64le")
-        # a known wheel (0.26.0) needs no index: the index is not even asked
-        monkeypatch.setenv("SMLA_INDEX_URL", "http://index.invalid/simple")
-        name, sha, url = wh.official_wheel(PIN.with_changes(version="0.26.0", sdist="vllm-0.26.0.tar.gz"), "x86_64")
-        assert name == "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl" and url is None
-    finally:
-        srv.close()
+def test_official_wheel_is_found_on_the_index(index, tmp_path, monkeypatch):
+    whl = make_base_wheel(tmp_path / "w", version="0.99.0", tags="cp38-abi3-manylinux_2_28_x86_64")
+    index.publish("vllm", [("vllm-0.99.0.tar.gz", b"sdist"),
+                           ("vllm-0.99.0-cp38-abi3-manylinux_2_28_aarch64.whl", b"arm"),
+                           (whl.name, whl.read_bytes()),
+                           ("vllm-0.98.0-cp38-abi3-manylinux_2_28_x86_64.whl", b"old")])
+    pin = PIN.with_changes(version="0.99.0", sdist="vllm-0.99.0.tar.gz")
+    name, sha, url = wh.official_wheel(pin, "x86_64")
+    assert name == whl.name and sha == hashlib.sha256(whl.read_bytes()).hexdigest()
+    got = wh.base_wheel_path(pin, quiet=True)
+    assert got == tmp_path / "cache" / "downloads" / whl.name and got.read_bytes() == whl.read_bytes()
+    with pytest.raises(WheelError, match="no official Linux ppc64le wheel"):
+        wh.official_wheel(pin, "ppc64le")
+    # a known wheel (0.26.0) needs no index: the index is not even asked
+    monkeypatch.setenv("SMLA_INDEX_URL", "http://index.invalid/simple")
+    name, sha, url = wh.official_wheel(PIN.with_changes(version="0.26.0", sdist="vllm-0.26.0.tar.gz"), "x86_64")
+    assert name == "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl" and url is None
 
 
 def test_required_torch_comes_from_the_tree(env):

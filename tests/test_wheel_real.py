@@ -26,7 +26,7 @@ import pytest
 from smla import wheel as wh
 from smla.project import Project
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from gitfixtures import REPO_ROOT
 
 pytestmark = [
     pytest.mark.slow,
