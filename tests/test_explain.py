@@ -98,7 +98,7 @@ def _case(spec, configs):
     backend, kv, tp = (list(rest) + [None, "auto", 1][len(rest):])[:3]
     if model.startswith("@"):
         model = configs[model[1:]]
-    return explain.Case(model, cap, dtype, kv_cache_dtype=kv, backend=backend, tp=tp)
+    return explain.cell(model, cap, dtype, kv_cache_dtype=kv, backend=backend, tp=tp)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def results(vllm_tree, configs):
     pristine = explain.pristine_tree(vllm_tree)
     jobs = [(vllm_tree, CASES), (pristine, {k: CASES[k] for k in BOTH})]
     out = selection.run_selections(
-        [(tree, [explain.to_cell(_case(s, configs)) for s in cases.values()])
+        [(tree, [_case(s, configs) for s in cases.values()])
          for tree, cases in jobs])
     return {label: dict(zip(cases, res))
             for label, (_, cases), res in zip(("patched", "pristine"), jobs, out)}

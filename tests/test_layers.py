@@ -4,6 +4,7 @@ work tree live in smla.treeinfo, below source and treestate; cli.py only parses 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "tools" / "smla"
@@ -123,3 +124,28 @@ def test_cli_only_parses_and_calls():
     for forbidden in ("proc.", "shutil", "treestate.", "source.remove_tree", "os.remove", "rmtree",
                       "write_refusal", "write_reports"):
         assert forbidden not in text, forbidden
+
+
+def test_one_name_per_concept():
+    """Issue 20, item 10: each concept is defined once and asked for by that name. Commit ids and
+    checksums: smla.ids; a question to vLLM's selector: selection.Cell (explain builds one, it has
+    no class of its own); the base tag's commit and paths inside .git: smla.treeinfo; the download
+    cache: cache.downloads_dir(); the pin's and the series file's lines: fsutil.content_lines;
+    writing patches/series: series.write_series_file."""
+    rules = [
+        ("smla.ids", r"\[0-9a-f\]\{", "a commit-id or checksum pattern"),
+        ("smla.treeinfo", r'"--git-path"', "a path inside .git"),
+        ("smla.treeinfo", r"refs/tags/\{BASE_TAG\}", "the base tag's commit"),
+        ("smla.cache", r'/ "downloads"', "the download cache"),
+        ("smla.fsutil", r"enumerate\(text\.splitlines\(\), 1\)", "a line-file reader"),
+        ("smla.series", r"atomic_write\w*\([^)]*SERIES_FILE", "writing patches/series"),
+    ]
+    bad = []
+    for m, path in MODULES.items():
+        text = path.read_text()
+        for owner, pattern, what in rules:
+            if m != owner and re.search(pattern, text):
+                bad.append(f"{m} has its own {what} ({pattern!r}); it belongs to {owner}")
+    assert bad == []
+    explain = (PKG / "explain.py").read_text()
+    assert "class " not in explain and "selection.Cell(" in explain

@@ -2,7 +2,7 @@
 
 CPU only.  smla.selection imports the real trees in child interpreters (one
 per tree, run concurrently) with a mocked CUDA platform / capability and
-stand-ins for compiled modules (tools/smla/_selection_worker.py names them).
+stand-ins for compiled modules (tools/smla/_selection_standins.py names them).
 
 Axes: capability (selection.CAPABILITIES) x model dtype x KV-cache dtype
 (auto, bfloat16, float16, fp8, fp8_e4m3, fp8_ds_mla) x heads per GPU (8, 16,

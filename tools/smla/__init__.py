@@ -1,9 +1,15 @@
 """smla: keep a sparse-MLA patch series alive on top of a pinned vLLM.
 
-One module per concern: pin, proc (every subprocess/git call), cache
-(downloads), source (fetch), series (patch files), treestate (does the tree
-equal the series?), lock (one writer per tree), apply, export, status,
-rebase, wheel, explain, report; cli only parses arguments.
+One module per concern. The library: project (where the files are), pin
+(vllm-pin.txt), ids (commit ids and checksums), series (patches/), treeinfo
+(facts about a work tree), treestate (does the tree equal the series?),
+source (vLLM's sources: git, sdist, a mirror), cache (downloads), gitapply
+(what `git apply` says), proc (every subprocess, git included), lock (one
+writer per tree), fsutil, errors, report (JSON and tables), selection and
+its child-process side (_selection_worker, _selection_standins: vLLM's own
+backend selection). The commands, which use the library and never each
+other: fetch, apply, export, status, clean, rebase/, wheel/, explain. cli
+only parses arguments and calls them.
 
 `__version__` is the toolkit's one version number: pyproject.toml reads it
 (dynamic version) and `smla --version` prints it.

@@ -31,27 +31,13 @@ from typing import Any
 
 from smla import cache, proc, selection
 from smla.errors import TreeStateError, UsageError
-from smla.treeinfo import BASE_TAG
+from smla.treeinfo import BASE_TAG, base_commit
 
 log = logging.getLogger("smla.explain")
 
 DTYPE_CHOICES = ("auto", "float16", "bfloat16")
 TREE_PATCHED, TREE_PRISTINE = "patched", "pristine"
 _CAP_RE = re.compile(r"^(\d{1,2})\.(\d)$")
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One question: this model, on this capability, with this dtype, KV
-    cache dtype and number of attention heads per GPU."""
-
-    model: str  # preset name or path to a config.json
-    capability: str  # "MAJOR.MINOR" or "auto"
-    dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
-    backend: str | None = None
-    heads: int | None = None  # heads per GPU; None: the config's heads / tp
-    tp: int = 1  # tensor-parallel size (only divides the config's heads)
 
 
 # --------------------------------------------------------------------------
@@ -105,38 +91,39 @@ def load_model(spec: str) -> tuple[str, str | None]:
     return str(path), json.dumps(data)
 
 
-def to_cell(case: Case) -> selection.Cell:
-    if case.dtype not in DTYPE_CHOICES:
-        raise UsageError(f"dtype {case.dtype!r}: use one of {', '.join(DTYPE_CHOICES)}")
-    if case.heads is not None and case.heads < 1:
-        raise UsageError(f"--heads {case.heads}: give the attention heads per GPU, >= 1")
-    if case.tp < 1:
-        raise UsageError(f"--tp {case.tp}: the tensor-parallel size is >= 1")
-    if case.heads is not None and case.tp != 1:
+def cell(model: str, capability: str, dtype: str = "auto", *, kv_cache_dtype: str = "auto",
+         backend: str | None = None, heads: int | None = None, tp: int = 1) -> selection.Cell:
+    """One question (this model, on this capability, with this dtype, KV-cache dtype and attention
+    heads per GPU) as the selection.Cell the tree answers: inputs checked (UsageError), the model's
+    config.json read, capability `auto` resolved. `heads` None: the config's heads / `tp`."""
+    if dtype not in DTYPE_CHOICES:
+        raise UsageError(f"dtype {dtype!r}: use one of {', '.join(DTYPE_CHOICES)}")
+    if heads is not None and heads < 1:
+        raise UsageError(f"--heads {heads}: give the attention heads per GPU, >= 1")
+    if tp < 1:
+        raise UsageError(f"--tp {tp}: the tensor-parallel size is >= 1")
+    if heads is not None and tp != 1:
         raise UsageError("give --heads (per GPU) or --tp, not both")
-    label, config = load_model(case.model)
+    label, config = load_model(model)
     # dtype "auto": the config's torch_dtype (presets: bfloat16), resolved
     # by the tree's _resolve_auto_dtype.  The KV-cache dtype is checked by
     # vLLM itself (its CacheDType list), so every release's values work.
-    return selection.Cell(label, parse_capability(case.capability), case.dtype,
-                          kv_cache_dtype=case.kv_cache_dtype, heads=case.heads, tp=case.tp,
-                          backend=case.backend, config=config)
+    return selection.Cell(label, parse_capability(capability), dtype, kv_cache_dtype=kv_cache_dtype,
+                          heads=heads, tp=tp, backend=backend, config=config)
 
 
-def matrix_cases(model: str, backend: str | None = None) -> list[Case]:
-    """The selection matrix for one model: every capability of
-    selection.CAPABILITIES x model dtype x KV-cache dtype x heads per GPU."""
-    return [Case(model, c.capability, c.dtype, kv_cache_dtype=c.kv_cache_dtype,
-                 backend=backend, heads=c.heads)
-            for c in selection.matrix_cells(presets=["-"])]
+def matrix_cells(model: str, backend: str | None = None) -> list[selection.Cell]:
+    """The selection matrix for one model: every capability of selection.CAPABILITIES x model
+    dtype x KV-cache dtype x heads per GPU."""
+    label, config = load_model(model)
+    return [dataclasses.replace(c, preset=label, config=config)
+            for c in selection.matrix_cells(presets=["-"], backend=backend)]
 
 
-def run(work_tree: Path, model: str, *, capability: str | None = None, dtype: str = "auto",
-        kv_cache_dtype: str = "auto", heads: int | None = None, tp: int = 1, tree_spec: str = TREE_PATCHED,
-        backend: str | None = None, matrix: bool = False, as_json: bool = False) -> str:
-    """`smla explain`: one case (or the whole matrix) on one tree, rendered as text or JSON."""
-    from smla import report
-
+def plan(model: str, *, capability: str | None = None, dtype: str = "auto", kv_cache_dtype: str = "auto",
+         heads: int | None = None, tp: int = 1, backend: str | None = None,
+         matrix: bool = False) -> list[selection.Cell]:
+    """The cells `smla explain` asks with these options (inputs checked, nothing run yet)."""
     if matrix:
         fixed = [name for name, given in (("--capability", capability is not None), ("--dtype", dtype != "auto"),
                                           ("--kv-cache-dtype", kv_cache_dtype != "auto"),
@@ -144,19 +131,29 @@ def run(work_tree: Path, model: str, *, capability: str | None = None, dtype: st
         if fixed:
             raise UsageError(f"--matrix covers every capability, dtype, KV-cache dtype and head count; "
                              f"drop {', '.join(fixed)}")
-        cases = matrix_cases(model, backend=backend)
-    elif capability is None:
+        return matrix_cells(model, backend=backend)
+    if capability is None:
         raise UsageError("--capability is required (or --matrix)", hint="e.g. --capability 12.0")
-    else:
-        cases = [Case(model, capability, dtype, kv_cache_dtype=kv_cache_dtype, backend=backend, heads=heads, tp=tp)]
-    for case in cases:
-        to_cell(case)  # check the inputs before exporting a tree
-    tree, desc = resolve_tree(tree_spec, work_tree)
-    results = explain_many([(tree, cases)])[0]
+    return [cell(model, capability, dtype, kv_cache_dtype=kv_cache_dtype, backend=backend, heads=heads, tp=tp)]
+
+
+def render(results: list[dict[str, Any]], tree_desc: str, *, matrix: bool = False, as_json: bool = False) -> str:
+    """What `smla explain` prints for `results` (those of `plan`'s cells on one tree)."""
+    from smla import report
+
     if as_json:
-        data = [to_dict(r, desc) for r in results]
+        data = [to_dict(r, tree_desc) for r in results]
         return report.to_json(data if matrix else data[0])
-    return matrix_text(results, desc) if matrix else text(results[0], desc)
+    return matrix_text(results, tree_desc) if matrix else text(results[0], tree_desc)
+
+
+def run(work_tree: Path, model: str, *, tree_spec: str = TREE_PATCHED, matrix: bool = False,
+        as_json: bool = False, **options) -> str:
+    """`smla explain`: one case (or the whole matrix) on one tree, rendered as text or JSON.
+    `options`: those of `plan` (capability, dtype, kv_cache_dtype, heads, tp, backend)."""
+    cells = plan(model, matrix=matrix, **options)  # inputs first: before a tree is exported
+    tree, desc = resolve_tree(tree_spec, work_tree)
+    return render(explain_many([(tree, cells)])[0], desc, matrix=matrix, as_json=as_json)
 
 
 # --------------------------------------------------------------------------
@@ -185,11 +182,10 @@ def pristine_tree(work_tree: Path) -> Path:
     work_tree = Path(work_tree)
     if not (work_tree / ".git").exists():
         raise TreeStateError(f"no work tree at {work_tree}", hint="run `make patch` first")
-    res = proc.git(work_tree, "rev-parse", "-q", "--verify", f"refs/tags/{BASE_TAG}^{{commit}}", check=False)
-    if res.returncode != 0:
+    base = base_commit(work_tree)
+    if base is None:
         raise TreeStateError(f"{work_tree} has no {BASE_TAG} tag, so no pristine base to export",
                              hint="run `make patch` (or `smla fetch`) to make an smla work tree")
-    base = res.stdout.strip()
     dest = cache.cache_dir() / "trees" / base
     if (dest / "vllm" / "__init__.py").is_file():
         log.info("cached pristine tree: %s", dest)
@@ -220,16 +216,15 @@ def pristine_tree(work_tree: Path) -> Path:
 # running
 # --------------------------------------------------------------------------
 
-def explain_many(jobs: list[tuple[Path, list[Case]]]) -> list[list[dict[str, Any]]]:
-    """Every case of every tree (one interpreter per tree, run concurrently).
+def explain_many(jobs: list[tuple[Path, list[selection.Cell]]]) -> list[list[dict[str, Any]]]:
+    """Every cell of every tree (one interpreter per tree, run concurrently).
 
-    Inputs are checked first (UsageError); a result the tree refuses (bad
-    config, unknown backend, a non-MLA model) raises UsageError too."""
-    cell_jobs = [(tree, [to_cell(c) for c in cases]) for tree, cases in jobs]
-    if len(cell_jobs) == 1:
-        out = [selection.run_selection(*cell_jobs[0])]
+    A result the tree refuses (bad config, unknown backend, a non-MLA model)
+    raises UsageError."""
+    if len(jobs) == 1:
+        out = [selection.run_selection(*jobs[0])]
     else:
-        out = selection.run_selections(cell_jobs)
+        out = selection.run_selections(jobs)
     for results in out:
         for r in results:
             _check(r)
@@ -252,10 +247,6 @@ def _below_series_floor(r: dict[str, Any]) -> None:
     r["indexer"] = {**ix, "path": "none",
                     "reason": f"no indexer kernel runs at compute capability {r['capability']}: the series' "
                               "portable Triton kernels need 8.0+, DeepGEMM 9.0+"}
-
-
-def explain(tree: Path, case: Case) -> dict[str, Any]:
-    return explain_many([(tree, [case])])[0][0]
 
 
 def _check(r: dict[str, Any]) -> None:
@@ -302,7 +293,7 @@ def text(result: dict[str, Any], tree_desc: str) -> str:
         + f", kv_cache_dtype {r['kv_cache_dtype']}, {heads_desc}"
         + (f", block_size {r['block_size']}" if r.get("block_size") else ""),
         "",
-        f"CUDA MLA backends in vLLM's priority order for this case:",
+        "CUDA MLA backends in vLLM's priority order for this case:",
     ]
     rows = [("#", "backend", "valid", "reasons (vLLM's own)")]
     for i, p in enumerate(r["priority"], 1):
@@ -327,7 +318,7 @@ def text(result: dict[str, Any], tree_desc: str) -> str:
     lines.append("")
     lines.append("indexer: " + _indexer_line(r.get("indexer")))
     lines.append("stand-ins: " + ", ".join(_short_stand_ins(r["stand_ins"]))
-                 + " (details: tools/smla/_selection_worker.py)")
+                 + " (details: tools/smla/_selection_standins.py)")
     return "\n".join(lines) + "\n"
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from smla import lock, proc, treestate
 from smla.errors import ExportError, SeriesError, TreeStateError, cmd
-from smla.fsutil import atomic_write_bytes, atomic_write_text
-from smla.series import SERIES_FILE, load
+from smla.fsutil import atomic_write_bytes
+from smla.series import load, write_series_file
 from smla.treeinfo import BASE_TAG, commits_above_base, dirty_files, require_tree
 from smla.treestate import FORMAT_PATCH_ARGS
 
@@ -88,7 +88,7 @@ def _export_locked(tree: Path, patches_dir: Path, *, allow_dirty: bool, prune: b
         if stale.name not in rendered:
             stale.unlink()
             result.removed.append(stale.name)
-    atomic_write_text(patches_dir / SERIES_FILE, "".join(f"{n}\n" for n in rendered))
+    write_series_file(patches_dir, list(rendered))
     commits = commits_above_base(tree)
     if len(commits) == len(rendered):  # format-patch skips empty and merge commits: then no record
         treestate.record(tree, load(patches_dir, allow_empty=True), dict(zip(rendered, (c for c, _ in commits))))

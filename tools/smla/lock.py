@@ -13,9 +13,9 @@ when the command left nothing in them (a refused first fetch leaves no empty
 `smla patch` = fetch + apply, and rebase calls fetch/apply/export, all under
 the one lock.
 
-Used by fetch, apply, export (library functions) and by the CLI for every
-command that writes the tree (fetch, apply, patch, export, rebase,
-build-wheel, clean).
+Used by source.fetch, apply, export and clean (library functions) and by the
+CLI for every command that writes the tree (fetch, apply, patch, export,
+rebase, build-wheel, clean).
 """
 from __future__ import annotations
 

@@ -24,16 +24,15 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from smla import ids
 from smla.errors import PinError
+from smla.fsutil import atomic_write_text, content_lines
 
 KEYS = ("repo", "commit", "version", "sdist", "sdist_sha256")
 OPTIONAL_KEYS = {"commit_kind": "full"}  # key -> default when absent
 NONE = "none"
 FULL = "full"
 ABBREVIATED = "abbreviated"
-_HEX40 = re.compile(r"^[0-9a-f]{40}$")
-_HEX_ABBREV = re.compile(r"^[0-9a-f]{7,39}$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*([a-z0-9.+-]*)$")
 _URL = re.compile(r"^(https?|ssh|git|git\+ssh)://[^/\s]+(/\S*)?$|^file:///\S*$")
 _SCP = re.compile(r"^([A-Za-z0-9._-]+@)?[A-Za-z0-9.-]+:[^/\s]\S*$")
@@ -88,12 +87,12 @@ class Pin:
 
         if self.commit_kind not in (FULL, ABBREVIATED):
             raise fail("commit_kind", f"commit_kind must be {FULL!r} or {ABBREVIATED!r}, got {self.commit_kind!r}")
-        if self.commit_kind == FULL and not _HEX40.match(self.commit):
+        if self.commit_kind == FULL and not ids.is_full_commit(self.commit):
             raise fail("commit", f"commit must be 40 lowercase hex digits, got {self.commit!r}"
                        + (" (an abbreviated id needs `commit_kind = abbreviated`)"
-                          if _HEX_ABBREV.match(self.commit) else ""))
+                          if ids.is_abbreviated_commit(self.commit) else ""))
         if self.commit_kind == ABBREVIATED:
-            if not _HEX_ABBREV.match(self.commit):
+            if not ids.is_abbreviated_commit(self.commit):
                 raise fail("commit", f"an abbreviated commit must be 7-39 lowercase hex digits, got {self.commit!r}")
             if self.sdist == NONE:
                 raise fail("commit_kind", "an abbreviated commit needs an sdist (its sha256 identifies the "
@@ -109,7 +108,7 @@ class Pin:
             raise fail("sdist", "sdist and sdist_sha256 must both be 'none' or both be set")
         if self.sdist == NONE:
             return
-        if not _HEX64.match(self.sdist_sha256):
+        if not ids.is_sha256(self.sdist_sha256):
             raise fail("sdist_sha256", "sdist_sha256 must be 64 lowercase hex digits")
         if "/" in self.sdist or not self.sdist.endswith((".tar.gz", ".zip")):
             raise fail("sdist", "sdist must be a file name like vllm-X.Y.Z.tar.gz (or none)")
@@ -134,16 +133,9 @@ def load(path: Path) -> Pin:
                             "`git checkout -- vllm-pin.txt` restores a deleted pin")
     values: dict[str, str] = {}
     where: dict[str, int] = {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise PinError(f"{path}: not UTF-8 text ({exc})") from exc
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
+    for lineno, line in content_lines(path, PinError):
         if "=" not in line:
-            raise PinError(f"{path}:{lineno}: expected 'key = value', got {raw.strip()!r}")
+            raise PinError(f"{path}:{lineno}: expected 'key = value', got {line!r}")
         key, value = (part.strip() for part in line.split("=", 1))
         if key not in KEYS and key not in OPTIONAL_KEYS:
             raise PinError(f"{path}:{lineno}: unknown key {key!r} (known: {', '.join((*KEYS, *OPTIONAL_KEYS))})")
@@ -161,8 +153,6 @@ def load(path: Path) -> Pin:
 
 def save(path: Path, pin: Pin) -> None:
     """Rewrite the values in place, keeping comments and layout."""
-    from smla.fsutil import atomic_write_text
-
     lines = path.read_text().splitlines(keepends=True)
     new_values = {k: getattr(pin, k) for k in (*KEYS, *OPTIONAL_KEYS)}
     out: list[str] = []

@@ -2,15 +2,17 @@
 
 Library (what `smla explain`, the selection tests and the GPU backend test
 import).  The work happens in a child interpreter that runs
-tools/smla/_selection_worker.py by path; that module's docstring lists every
-stand-in (compiled modules, FlashInfer, CUDA device, platform, model config).
+tools/smla/_selection_worker.py by path (the query); the stand-ins it
+installs (compiled modules, FlashInfer, CUDA device, platform) are listed in
+tools/smla/_selection_standins.py, the model config's in the worker.
 
 Public API:
 
     PRESETS, preset_config(name)   model geometries ("glm-5", "deepseek-v3.2")
     CAPABILITIES, DTYPES, KV_CACHE_DTYPES, HEADS   the selection matrix axes
-    Cell(...)                      one query: model, capability, dtype, KV
-                                   cache dtype, heads per GPU, backend
+    Cell(...)                      one question: model, capability, dtype, KV
+                                   cache dtype, heads per GPU, backend (what
+                                   smla.explain.cell builds from user input)
     matrix_cells(...)              the product of those axes
     run_selection(tree, cells)     -> list[dict], one result per cell
     run_selections([(tree, cells), ...])  several trees, concurrently
@@ -141,7 +143,8 @@ def run_selection(tree: str | os.PathLike, cells: list[Cell],
     None), "requested" (with `backend`: its own validation),
     "kv_cache_dtype_used" (the cache format after selection: 0.24+ turn some
     dtypes into fp8_ds_mla for the chosen backend), "selector_config",
-    "indexer" ({"deep_gemm_arch", "path"}) and "stand_ins".  Instead of a
+    "indexer" ({"deep_gemm_arch", "path", "reason"}: the DSA indexer's kernels
+    as the tree decides them) and "stand_ins".  Instead of a
     selection, a result may carry "input_error" (the config or backend name
     was refused) or "not_mla" (the tree does not use MLA for this config).
 
@@ -183,7 +186,7 @@ def run_selections(jobs: list[tuple[str | os.PathLike, list[Cell]]],
 
 def import_vllm_tree(tree: str | os.PathLike, capability: str | None = None) -> list[str]:
     """Put `tree` first on sys.path in THIS process, install the stand-ins
-    that are needed (see smla._selection_worker) and import vllm from the
+    that are needed (see smla._selection_standins) and import vllm from the
     tree.  With `capability` ("9.0"), vLLM's current_platform is CudaPlatform
     reporting that compute capability; without, vLLM detects the platform
     (the real one on a GPU machine).  Returns the stand-ins used so far.

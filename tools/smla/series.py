@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 import unidiff
 
 from smla.errors import SeriesError
+from smla.fsutil import atomic_write_text, content_lines
 
 SERIES_FILE = "series"
 _NAME = re.compile(r"^[0-9]{4}-[A-Za-z0-9._-]+\.patch$")
@@ -70,24 +71,23 @@ class Series:
 
 
 def read_series_file(directory: Path) -> list[str]:
+    """The patch file names `directory`/series lists, in order (checked: names, no repeats)."""
     path = directory / SERIES_FILE
     if not path.is_file():
         raise SeriesError(f"{path} not found", hint="run `smla export` from a patched tree to create it")
-    names = []
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise SeriesError(f"{path}: not UTF-8 text ({exc})") from exc
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
+    names: list[str] = []
+    for lineno, line in content_lines(path, SeriesError):
         if not _NAME.match(line):
             raise SeriesError(f"{path}:{lineno}: {line!r} is not a patch file name (NNNN-name.patch)")
         if line in names:
             raise SeriesError(f"{path}:{lineno}: {line} is listed twice")
         names.append(line)
     return names
+
+
+def write_series_file(directory: Path, names: list[str]) -> bool:
+    """Write `directory`/series listing `names` (atomically; False when it already says that)."""
+    return atomic_write_text(directory / SERIES_FILE, "".join(f"{n}\n" for n in names))
 
 
 def load(directory: Path, *, allow_empty: bool = False) -> Series:

@@ -1,4 +1,4 @@
-"""`fetch`: make a git work tree of vLLM at the pinned commit.
+"""vLLM's sources: a git work tree of vLLM at the pinned commit (what `smla fetch`, smla.fetch, makes).
 
 Sources:
 - git: fetch only the pinned commit from the pin's repo (shallow when the
@@ -19,14 +19,13 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import re
 import shutil
 import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from smla import cache, lock, proc, treestate
+from smla import cache, ids, lock, proc, treestate
 from smla.errors import ChecksumError, CommandError, FetchError, TreeStateError, UsageError, cmd
 from smla.fsutil import sha256_file, umask
 from smla.pin import Pin
@@ -277,9 +276,6 @@ def commit_snapshot(repo: Path, message: str) -> str:
     return proc.git_out(repo, "rev-parse", "HEAD")
 
 
-_COMMIT_ID = re.compile(r"""^__commit_id__\s*=\s*commit_id\s*=\s*['"]g?([0-9a-f]{7,40})['"]""", re.M)
-
-
 def sdist_commit(archive: Path) -> str | None:
     """The (abbreviated) commit id a vLLM sdist records in vllm/_version.py, if any."""
     try:
@@ -288,8 +284,7 @@ def sdist_commit(archive: Path) -> str | None:
                 parts = member.name.split("/")
                 if len(parts) == 3 and parts[1:] == ["vllm", "_version.py"] and member.isfile():
                     fh = tf.extractfile(member)
-                    m = _COMMIT_ID.search(fh.read().decode("utf-8", "replace")) if fh else None
-                    return m.group(1) if m else None
+                    return ids.recorded_commit(fh.read().decode("utf-8", "replace")) if fh else None
     except (tarfile.TarError, OSError) as exc:
         raise FetchError(f"cannot read {archive}: {exc}") from exc
     return None
@@ -306,7 +301,7 @@ def _from_sdist(pin: Pin, archive: Path, repo: Path, *, verify: bool = False) ->
                                 hint=f"pass the sdist of vLLM {pin.version} ({pin.sdist}), or check "
                                      f"`sdist_sha256` at {pin.where('sdist_sha256')}")
     recorded = sdist_commit(archive)
-    if recorded and not pin.commit.startswith(recorded):
+    if recorded and not ids.same_commit(pin.commit, recorded):
         raise FetchError(
             f"{archive.name} holds vLLM commit {recorded}, but the pin is {pin.short}",
             hint="the pin's sdist does not match its commit; fix vllm-pin.txt or fetch with --source git",

@@ -50,21 +50,33 @@ class TreeInfo:
         }
 
 
+def base_commit(tree: Path) -> str | None:
+    """The commit BASE_TAG names in the repository at `tree`, None when the tag is missing."""
+    res = proc.git(tree, "rev-parse", "-q", "--verify", f"refs/tags/{BASE_TAG}^{{commit}}", check=False)
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def git_path(tree: Path, rel: str) -> Path:
+    """Where `rel` lives inside the tree's git directory (`git rev-parse --git-path`)."""
+    path = Path(proc.git_out(tree, "rev-parse", "--git-path", rel))
+    return path if path.is_absolute() else tree / path
+
+
 def read_tree_info(tree: Path) -> TreeInfo | None:
     """TreeInfo of an existing smla work tree, None when `tree` is not one."""
     if not (tree / ".git").exists():
         return None
     cfg = proc.git(tree, "config", "--get-regexp", r"^smla\.", check=False).stdout
     values = dict(line.split(" ", 1) for line in cfg.splitlines() if " " in line)
-    base = proc.git(tree, "rev-parse", "-q", "--verify", f"refs/tags/{BASE_TAG}^{{commit}}", check=False)
-    if "smla.upstream" not in values or base.returncode != 0:
+    base = base_commit(tree)
+    if "smla.upstream" not in values or base is None:
         return None
     return TreeInfo(
         path=tree,
         upstream_commit=values["smla.upstream"],
         version=values.get("smla.version", "?"),
         source=values.get("smla.source", "?"),
-        base=base.stdout.strip(),
+        base=base,
     )
 
 
@@ -102,8 +114,7 @@ def rebase_in_progress(tree: Path) -> bool:
     """True while a `smla rebase` is stopped in `tree` (its state file exists)."""
     if not (tree / ".git").exists():
         return False
-    rel = Path(proc.git_out(tree, "rev-parse", "--git-path", f"{REBASE_STATE_DIR}/state.json"))
-    return (rel if rel.is_absolute() else tree / rel).is_file()
+    return git_path(tree, f"{REBASE_STATE_DIR}/state.json").is_file()
 
 
 def require_tree(tree: Path, *, during_rebase: bool = False) -> TreeInfo:

@@ -58,7 +58,7 @@ from smla import proc
 from smla.errors import SmlaError, TreeStateError, cmd
 from smla.fsutil import atomic_write_text
 from smla.series import Patch, Series
-from smla.treeinfo import BASE_TAG, commits_above_base, dirty_files, read_tree_info
+from smla.treeinfo import BASE_TAG, base_commit, commits_above_base, dirty_files, git_path, read_tree_info
 
 RECORD_VERSION = 1
 IN_SYNC = "in-sync"
@@ -96,8 +96,7 @@ def _sha(data: bytes) -> str:
 
 
 def _record_path(tree: Path) -> Path:
-    rel = Path(proc.git_out(tree, "rev-parse", "--git-path", "smla/applied.json"))
-    return rel if rel.is_absolute() else tree / rel
+    return git_path(tree, "smla/applied.json")
 
 
 def read_record(tree: Path) -> dict | None:
@@ -108,8 +107,7 @@ def read_record(tree: Path) -> dict | None:
         return None
     if not isinstance(data, dict) or data.get("version") != RECORD_VERSION:
         return None
-    base = proc.git(tree, "rev-parse", "-q", "--verify", f"refs/tags/{BASE_TAG}^{{commit}}", check=False)
-    return data if data.get("base") == base.stdout.strip() else None
+    return data if data.get("base") == base_commit(tree) else None
 
 
 def record(tree: Path, series: Series, carried: Mapping[str, str | None], inexact: frozenset[str] = frozenset()

@@ -3,7 +3,7 @@
 Flow of `start` (see docs/rebase.md):
 1. Check the tree: it must be an smla tree at the pin (fetched here when
    missing), clean, with the series applied and its commits equal to
-   patches/ (same `git patch-id`), so no local work can be lost.
+   patches/ (by content: smla.treestate), so no local work can be lost.
 2. Resolve the target and bring the new base into the same repository
    (rebase/target.py): a commit fetched from the pin's repo or a mirror, or
    a release's PyPI sdist committed as a child of the old base.
@@ -25,23 +25,19 @@ from pathlib import Path
 
 from smla.apply import apply_series
 from smla.export import export as export_patches
-from smla import proc, source, treeinfo, treestate
+from smla import ids, proc, source, treeinfo, treestate
 from smla import pin as pin_mod
 from smla import series as series_mod
 from smla.errors import RebaseConflict, SmlaError, TreeStateError, UsageError, cmd
-from smla.fsutil import atomic_write_text
 from smla.project import Project
 from smla.rebase import replay, state as state_mod
 from smla.rebase import target as target_mod
 from smla.rebase.replay import WORK_BRANCH
-from smla.rebase.report import (  # noqa: F401  (the public names of the package)
-    CONFLICT, DESCRIPTIONS, MERGED, OFFSETS, RESOLVED, SKIPPED, UNCHANGED,
-    Outcome, RebaseResult, markdown, resolve_hint, text, write_refusal, write_reports,
+from smla.rebase.report import (  # noqa: F401  (text and RebaseResult: what the CLI and its tests take)
+    RESOLVED, SKIPPED, UNCHANGED, Outcome, RebaseResult, resolve_hint, text, write_refusal, write_reports,
 )
-from smla.rebase.state import STATE_DIR, STATE_VERSION, state_path  # noqa: F401
-from smla.rebase.target import Target  # noqa: F401
-from smla.series import SERIES_FILE
-from smla.treeinfo import PENDING, UPSTREAM  # noqa: F401  (outcomes shared with apply)
+from smla.rebase.state import STATE_VERSION
+from smla.rebase.target import Target
 
 
 # --------------------------------------------------------------------------- entry points
@@ -113,7 +109,7 @@ def start(
         echo(f"note: {older}")
     old = {"base": info.base, "upstream_commit": info.upstream_commit, "version": info.version,
            "source": info.source, "commit_kind": old_pin.commit_kind}
-    if target_mod.same_commit(target.commit, info.upstream_commit) and target.version == info.version:
+    if ids.same_commit(target.commit, info.upstream_commit) and target.version == info.version:
         result = _noop(project, tree, old_pin, series, old, target, echo)
         result.report_dir, result.report_name = _report_dir(report_dir), report_name
         return result
@@ -270,7 +266,7 @@ def _finish(project: Project, tree: Path, state: dict, outs: list[Outcome], run_
     else:  # every patch is upstream now: an empty series
         for stale in patches_dir.glob("*.patch"):
             stale.unlink()
-        atomic_write_text(patches_dir / SERIES_FILE, "")
+        series_mod.write_series_file(patches_dir, [])
         exported = {"directory": str(patches_dir), "series": [], "written": [], "unchanged": [], "removed": []}
     names = iter(exported["series"])
     for o in outs:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from smla import report
 from smla.errors import RebaseConflict, TestsFailed, cmd
-from smla.treeinfo import PENDING, UPSTREAM  # the same states as apply's
+from smla.treeinfo import PENDING  # the same state as apply's
 
 UNCHANGED = "unchanged"
 OFFSETS = "offsets"
@@ -25,16 +25,6 @@ MERGED = "merged"
 CONFLICT = "conflict"
 RESOLVED = "resolved"
 SKIPPED = "skipped"
-DESCRIPTIONS = {
-    UNCHANGED: "applied unchanged",
-    OFFSETS: "applied with line offsets",
-    MERGED: "merged three-way (no conflict)",
-    UPSTREAM: "already upstream (dropped from the series)",
-    CONFLICT: "CONFLICT",
-    RESOLVED: "conflict, resolved by hand",
-    SKIPPED: "conflict, dropped by the user (git am --skip)",
-    PENDING: "not replayed yet",
-}
 
 
 @dataclass

@@ -24,8 +24,7 @@ STATE_VERSION = 1
 
 
 def state_dir(tree: Path) -> Path:
-    rel = Path(proc.git_out(tree, "rev-parse", "--git-path", STATE_DIR))
-    return rel if rel.is_absolute() else tree / rel
+    return treeinfo.git_path(tree, STATE_DIR)
 
 
 def state_path(tree: Path) -> Path | None:
@@ -92,8 +91,7 @@ def remove(tree: Path) -> None:
 
 
 def am_in_progress(tree: Path) -> bool:
-    rel = Path(proc.git_out(tree, "rev-parse", "--git-path", "rebase-apply"))
-    return (rel if rel.is_absolute() else tree / rel).is_dir()
+    return treeinfo.git_path(tree, "rebase-apply").is_dir()
 
 
 def unmerged(tree: Path) -> list[str]:

@@ -19,13 +19,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from smla import cache, proc, source
+from smla import cache, ids, proc, source
 from smla import pin as pin_mod
 from smla.errors import FetchError, UsageError
 
-VERSION_TARGET = re.compile(r"^[0-9]+(\.[0-9]+)+([a-z0-9.+-]*)$")
-_HEX = re.compile(r"^[0-9a-f]{7,40}$")
-_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+VERSION_TARGET = re.compile(r"^[0-9]+(\.[0-9]+)+([a-z0-9.+-]*)$")  # a release, not a commit id
 
 
 @dataclass
@@ -51,11 +49,6 @@ class Target:
         return d
 
 
-def same_commit(a: str, b: str) -> bool:
-    """Two ids name the same commit when one is a prefix of the other (an abbreviation)."""
-    return bool(a) and bool(b) and (a.startswith(b) or b.startswith(a))
-
-
 def older_than(target: Target, pin: pin_mod.Pin) -> str | None:
     """A note when a version target is an older release than the pin's (the series moves backwards)."""
     from packaging.version import InvalidVersion, Version
@@ -77,13 +70,13 @@ def parse(onto: str, upstream_commit: str | None) -> tuple[str, str]:
     spec = onto.strip()
     if VERSION_TARGET.match(spec):
         kind = "version"
-    elif _HEX.match(spec.lower()):
+    elif ids.is_commit_id(spec.lower()):
         kind, spec = "commit", spec.lower()
     else:
         raise UsageError(
             f"--onto {onto!r} is neither a release version (like 0.17.0) nor a commit id (7-40 hex digits)"
         )
-    if upstream_commit is not None and (kind != "version" or not _HEX40.match(upstream_commit)):
+    if upstream_commit is not None and (kind != "version" or not ids.is_full_commit(upstream_commit)):
         raise UsageError("--upstream-commit takes 40 hex digits and goes with a version target only")
     return kind, spec
 
@@ -113,7 +106,7 @@ def _resolve_commit(spec: str, pin: pin_mod.Pin, source_spec: str) -> Target:
         if found.returncode != 0:
             raise FetchError(f"commit {spec} is not in {url}", hint="check the id, or update the mirror")
         commit = found.stdout.strip()
-    elif not _HEX40.match(spec):
+    elif not ids.is_full_commit(spec):
         raise UsageError(f"--onto {spec}: give the full 40-hex commit id when fetching from {cache.redact(url)}",
                          hint=f"e.g. `git ls-remote {cache.redact(url)} refs/heads/main`")
     notes = [f"vLLM commit {commit[:12]} is not a release: the pin keeps version {pin.version} "
@@ -125,15 +118,15 @@ def _resolve_commit(spec: str, pin: pin_mod.Pin, source_spec: str) -> Target:
 def _resolve_version(spec: str, pin: pin_mod.Pin, source_spec: str, given: str | None) -> Target:
     name = f"vllm-{spec}.tar.gz"
     url, sha = cache.pypi_file("vllm", name)
-    if not re.fullmatch(r"[0-9a-f]{64}", sha or ""):
+    if not ids.is_sha256(sha):
         raise FetchError(f"the package index gives no sha256 for {name}")
-    archive = cache.fetch(url, cache.cache_dir() / "downloads" / name, sha, what=name)
+    archive = cache.fetch(url, cache.downloads_dir() / name, sha, what=name)
     short = source.sdist_commit(archive)
     notes = [f"source: {name}, sha256 {sha} (from the package index, verified)"]
     commit = None
     kind = pin_mod.FULL
     if given:
-        if short and not given.startswith(short):
+        if short and not ids.same_commit(given, short):
             raise UsageError(f"--upstream-commit {given} does not match the sdist's recorded commit {short}")
         commit = given
         notes.append(f"upstream commit {given[:12]} given with --upstream-commit"
@@ -162,7 +155,7 @@ def _resolve_version(spec: str, pin: pin_mod.Pin, source_spec: str, given: str |
 
 def _full_commit(short: str, version: str, pin: pin_mod.Pin, source_spec: str) -> tuple[str | None, str]:
     """(full id or None, how it was found / why not)."""
-    if _HEX40.match(short):
+    if ids.is_full_commit(short):
         return short, "the sdist records the full id"
     if source.is_local_repo(source_spec):
         found = proc.git(Path(source_spec).expanduser(), "rev-parse", "-q", "--verify", "--end-of-options",
@@ -179,7 +172,7 @@ def _full_commit(short: str, version: str, pin: pin_mod.Pin, source_spec: str) -
     res = proc.git(Path.cwd(), "ls-remote", "--", remote, tag, f"{tag}^{{}}", check=False, timeout=60)
     for line in res.stdout.splitlines():
         cid = line.split("\t", 1)[0]
-        if cid.startswith(short) and _HEX40.match(cid):
+        if cid.startswith(short) and ids.is_full_commit(cid):
             return cid, f"git ls-remote {cache.redact(remote)}"
     err = (res.stderr.strip().splitlines() or ["no matching tag"])[-1]
     return None, f"`git ls-remote {cache.redact(remote)}` could not resolve it ({cache.mask_credentials(err, remote)})"

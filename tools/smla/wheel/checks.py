@@ -2,17 +2,16 @@
 it is packaged; the base wheel matching the pin; no compiled or build sources for an overlay."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from wheel.wheelfile import WheelFile
-from smla import proc, treestate
+from smla import ids, proc, treestate
 from smla.errors import TreeStateError, WheelError
 from smla.pin import Pin
 from smla.series import Series
 from smla.treeinfo import BASE_TAG, require_tree
 from smla.wheel.label import VERSION_FILE, base_id
-from smla.wheel.official import _Base, _read
+from smla.wheel.official import BaseWheel, read_member
 
 # Paths (relative to the vLLM source root) that the overlay cannot carry:
 # compiled code, the build system, and inputs of generated files.
@@ -57,20 +56,15 @@ def check_tree_at_pin(pin: Pin, tree: Path) -> None:
         )
 
 
-_COMMIT_ID = re.compile(r"""^__commit_id__\s*=\s*commit_id\s*=\s*['"]g?([0-9a-f]{7,40})['"]""", re.M)
-
-
 def _recorded_commit(wf: WheelFile) -> str | None:
     """The (abbreviated) commit the wheel's vllm/_version.py records, if any."""
     try:
-        text = _read(wf, VERSION_FILE).decode("utf-8", "replace")
+        return ids.recorded_commit(read_member(wf, VERSION_FILE).decode("utf-8", "replace"))
     except KeyError:
         return None
-    m = _COMMIT_ID.search(text)
-    return m.group(1) if m else None
 
 
-def check_base_matches_pin(pin: Pin, base: "_Base", recorded: str | None) -> list[str]:
+def check_base_matches_pin(pin: Pin, base: "BaseWheel", recorded: str | None) -> list[str]:
     """Refuse a base wheel built from other sources than a commit pin's; notes for a release pin.
 
     A release pin takes the official wheel of that release (its file name and
@@ -78,7 +72,7 @@ def check_base_matches_pin(pin: Pin, base: "_Base", recorded: str | None) -> lis
     wheel: the base must record that very commit in vllm/_version.py (vLLM's
     nightly wheels do), so nightly sources never land on release binaries.
     """
-    same = recorded is not None and (pin.commit.startswith(recorded) or recorded.startswith(pin.commit))
+    same = ids.same_commit(pin.commit, recorded)
     if not pin.has_sdist:
         if not same:
             raise WheelError(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from wheel.wheelfile import WHEEL_INFO_RE, WheelFile
 from wheel.wheelfile import WheelError as _LibWheelError
-from smla import cache
+from smla import cache, ids
 from smla.errors import WheelError
 from smla.pin import Pin
 from smla.wheel.label import PROJECT
@@ -70,7 +70,7 @@ def official_wheel(pin: Pin, arch: str | None = None) -> tuple[str, str, str | N
         raise WheelError(f"several official wheels of vLLM {pin.version} for {arch}: "
                          + ", ".join(f[0] for f in found), hint="pick one with --base-wheel PATH")
     name, url, sha = found[0]
-    if not re.fullmatch(r"[0-9a-f]{64}", sha or ""):
+    if not ids.is_sha256(sha):
         raise WheelError(f"the package index gives no sha256 for {name}", hint="pass --base-wheel PATH")
     cache.check_url(url, f"{name} at")
     return name, sha, url
@@ -90,22 +90,23 @@ def base_wheel_path(pin: Pin, explicit: Path | None = None, *, quiet: bool = Fal
                  "vllm/_version.py records it), or use --from-source",
         )
     name, sha, url = official_wheel(pin)
-    dest = cache.cache_dir() / "downloads" / name
+    dest = cache.downloads_dir() / name
     source = url if url is not None else (lambda: cache.pypi_file(PROJECT, name)[0])
     return cache.fetch(source, dest, sha, what=name, quiet=quiet)
 
 
 @dataclass
-class _Base:
+class BaseWheel:
+    """The wheel a build starts from, opened and checked (open_base_wheel)."""
+
     path: Path
-    namever: str  # "vllm-0.16.0"
     tags: str  # "cp38-abi3-manylinux_2_31_x86_64"
     dist_info: str  # "vllm-0.16.0.dist-info"
     infos: list[zipfile.ZipInfo]
     version: str = ""  # the version in the file name ("0.16.0", or a nightly's "0.26.1.dev5+gabc")
 
 
-def _open_base(path: Path, release: str | None) -> tuple[WheelFile, _Base]:
+def open_base_wheel(path: Path, release: str | None) -> tuple[WheelFile, BaseWheel]:
     """Open and check the base wheel: name, version (`release`; None = any) and RECORD coverage
     (hashes are checked on read)."""
     m = WHEEL_INFO_RE.match(path.name)
@@ -133,7 +134,7 @@ def _open_base(path: Path, release: str | None) -> tuple[WheelFile, _Base]:
     if dist_info != f"{m.group('namever')}.dist-info":
         wf.close()
         raise WheelError(f"{path.name}: unexpected .dist-info directory {dist_info}")
-    recorded = _recorded(wf)
+    recorded = recorded_paths(wf)
     present = set(names) - {wf.record_path}
     missing = sorted(recorded - present)
     unrecorded = sorted(present - recorded)
@@ -144,17 +145,17 @@ def _open_base(path: Path, release: str | None) -> tuple[WheelFile, _Base]:
         raise WheelError(f"{path.name}: RECORD does not match the archive ({detail})",
                          hint="the base wheel is corrupt; delete it and run again")
     tags = path.name[:-len(".whl")].split("-", 2)[2]
-    return wf, _Base(path, m.group("namever"), tags, dist_info, infos, m.group("ver"))
+    return wf, BaseWheel(path, tags, dist_info, infos, m.group("ver"))
 
 
-def _recorded(wf: WheelFile) -> set[str]:
+def recorded_paths(wf: WheelFile) -> set[str]:
     """Paths RECORD lists with a hash (WheelFile has already rejected malformed rows)."""
     with wf.open(wf.record_path) as fh:
         rows = csv.reader(io.TextIOWrapper(fh, encoding="utf-8", newline=""))
         return {row[0] for row in rows if len(row) >= 2 and row[1]}
 
 
-def _read(wf: WheelFile, name: str) -> bytes:
+def read_member(wf: WheelFile, name: str) -> bytes:
     """A member's bytes, checked against its RECORD hash (and the zip CRC)."""
     try:
         with wf.open(name) as fh:

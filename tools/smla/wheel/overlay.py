@@ -18,7 +18,7 @@ from smla.pin import Pin
 from smla.series import Series
 from smla.wheel.checks import _check_clean, _label_notes, _recorded_commit, build_source_paths, check_base_matches_pin, check_series_matches_tree, check_tree_at_pin, tree_changes
 from smla.wheel.label import PACKAGE_DIR, PROJECT, VERSION_FILE, local_version, rewrite_metadata, rewrite_version_file, series_hash
-from smla.wheel.official import _open_base, _read, _recorded, base_wheel_path
+from smla.wheel.official import open_base_wheel, read_member, recorded_paths, base_wheel_path
 from smla.wheel.result import WheelResult
 from smla.wheel.zipwriter import _FixedWheelFile, _fixed_date, _mode, _zinfo
 
@@ -54,7 +54,7 @@ def build_overlay(
 
     base = base_wheel_path(pin, base_wheel, quiet=quiet)
     short = series_hash(series)
-    wf, b = _open_base(base, pin.version if pin.has_sdist else None)
+    wf, b = open_base_wheel(base, pin.version if pin.has_sdist else None)
     with wf:
         notes = check_base_matches_pin(pin, b, _recorded_commit(wf))
         version = local_version(b.version, pin.commit, short)
@@ -89,7 +89,7 @@ def build_overlay(
             members[c.path] = (src.read_bytes(), mode)
         if VERSION_FILE in members:
             old = members[VERSION_FILE]
-            text = (old[0] if old[0] is not None else _read(wf, VERSION_FILE)).decode()
+            text = (old[0] if old[0] is not None else read_member(wf, VERSION_FILE)).decode()
             members[VERSION_FILE] = (rewrite_version_file(text, b.version, version).encode(), old[1])
             result.version_file = f"rewritten to {version}"
         else:
@@ -98,7 +98,7 @@ def build_overlay(
         for info in sorted(b.infos, key=lambda i: i.filename):
             if not info.filename.startswith(b.dist_info + "/") or info.filename == wf.record_path:
                 continue
-            data = _read(wf, info.filename)
+            data = read_member(wf, info.filename)
             rel = info.filename[len(b.dist_info) + 1:]
             if rel == "METADATA":
                 data = rewrite_metadata(data, b.version, version)
@@ -142,7 +142,7 @@ def _prefetch(wf: WheelFile, members: dict[str, tuple[bytes | None, int]]):
 
     def load(name: str) -> bytes:
         data = members[name][0]
-        return data if data is not None else _read(wf, name)
+        return data if data is not None else read_member(wf, name)
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(load, names[0]) if names else None
@@ -157,8 +157,8 @@ def _self_check(path: Path, version: str) -> None:
     try:
         with WheelFile(path) as wf:
             names = {i.filename for i in wf.infolist()} - {wf.record_path}
-            recorded = _recorded(wf)
-            meta = _read(wf, f"{wf.dist_info_path}/METADATA")
+            recorded = recorded_paths(wf)
+            meta = read_member(wf, f"{wf.dist_info_path}/METADATA")
     except (zipfile.BadZipFile, _LibWheelError) as exc:
         raise WheelError(f"the new wheel {path.name} does not read back: {exc}") from exc
     if names != recorded:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from smla.wheel.label import VERSION_FILE, series_hash
+from smla.wheel.label import VERSION_FILE
 
 @dataclass
 class WheelResult:

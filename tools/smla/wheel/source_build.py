@@ -17,7 +17,7 @@ from smla.pin import Pin
 from smla.series import Series
 from smla.wheel.checks import _recorded_commit, check_base_matches_pin, check_series_matches_tree, check_tree_at_pin, tree_changes
 from smla.wheel.label import PACKAGE_DIR, PROJECT, local_version, series_hash
-from smla.wheel.official import _open_base, base_wheel_path
+from smla.wheel.official import open_base_wheel, base_wheel_path
 from smla.wheel.result import WheelResult
 
 log = logging.getLogger("smla.wheel")
@@ -120,7 +120,7 @@ def build_from_source(
     version = local_version(pin.version, pin.commit, short)
     base = base_wheel_path(pin, base_wheel, quiet=quiet) if not full_cuda else None
     if base is not None:
-        wf, b = _open_base(base, pin.version if pin.has_sdist else None)
+        wf, b = open_base_wheel(base, pin.version if pin.has_sdist else None)
         with wf:
             check_base_matches_pin(pin, b, _recorded_commit(wf))
     changes = tree_changes(tree)
