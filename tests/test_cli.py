@@ -183,3 +183,23 @@ def test_all_errors_are_smla_errors_with_codes():
 
     classes = [c for c in vars(e).values() if isinstance(c, type) and issubclass(c, SmlaError)]
     assert all(isinstance(c.exit_code, int) and c.exit_code > 0 for c in classes)
+
+
+def test_a_plain_install_carries_every_package(tmp_path):
+    """A wheel of the toolkit (what a non-editable `pip install .` installs) holds smla and each of
+    its subpackages (rebase/, wheel/): `packages = ["smla"]` left those out."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    src = tmp_path / "src"
+    shutil.copytree(REPO_ROOT / "tools" / "smla", src / "tools" / "smla",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO_ROOT / "pyproject.toml", src)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=300)
+    (whl,) = (tmp_path / "dist").glob("*.whl")
+    shipped = {n.rsplit("/", 1)[0] for n in zipfile.ZipFile(whl).namelist() if n.endswith("/__init__.py")}
+    packages = {str(p.parent.relative_to(REPO_ROOT / "tools")) for p in (REPO_ROOT / "tools" / "smla").rglob("__init__.py")}
+    assert packages == shipped, packages ^ shipped
