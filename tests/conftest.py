@@ -5,8 +5,8 @@ marked `slow`. A test is marked here, by what it uses, so no test file has to sa
   gpu    needs a CUDA GPU (tests/gpu; skipped without one, run by `make test-gpu`)
   slow   needs the real vLLM source: the patched work tree `make patch` makes (the `vllm_tree`
          fixture: selection, explain, the kernels under Triton's interpreter, the backend smoke
-         tests), the pinned sdist (SLOW_MODULES: integration, the docs' transcripts) or Triton's
-         compiler (the compile matrix)
+         tests), the pinned sdist (SLOW_MODULES: integration; tests/test_docs.py's session
+         transcripts carry the mark themselves) or Triton's compiler (the compile matrix)
 What `make test-fast` keeps runs on temporary git repositories and one local package index.
 
 Fixtures:

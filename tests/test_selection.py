@@ -191,3 +191,58 @@ def test_import_vllm_tree_in_process(vllm_tree):
         name = item.split(" (")[0]
         assert (name in W.COMPILED or name in W.FLASHINFER or name == "vllm.vllm_flash_attn"
                 or item.startswith(("no CUDA device", "CUDA platform"))), item
+
+
+# --------------------------------------------------------------------------- the README's table
+
+KV_ARROW = "→"
+
+
+def _heads(hs: list[int]) -> str:
+    return f"≤{hs[-1]}" if hs == S.HEADS[:len(hs)] and len(hs) > 1 else ",".join(str(h) for h in hs)
+
+
+def selection_table(trees, preset: str) -> list[str]:
+    """The README's table for `preset`: a row per model dtype and group of capabilities that answer
+    alike, a column per KV-cache dtype; bold where pristine has no backend; the heads where the
+    pick depends on them; "(→X)" where vLLM then stores the cache as X."""
+    rows: dict[tuple[str, str], tuple[str, ...]] = {}
+    for cc in S.CAPABILITIES:
+        for dtype in S.DTYPES:
+            cells = []
+            for kv in S.KV_CACHE_DTYPES:
+                picks: dict[str, list[int]] = {}
+                for h in S.HEADS:
+                    key = S.Cell(preset, cc, dtype, kv_cache_dtype=kv, heads=h).key()
+                    pat, pri = trees["patched"][key], trees["pristine"][key]
+                    text = "none"
+                    if pat["selected"]:
+                        text = pat["selected"] if pri["selected"] else f"**{pat['selected']}**"
+                        used = pat.get("kv_cache_dtype_used")
+                        if used and used != kv:
+                            text += f" ({KV_ARROW}{used})"
+                    picks.setdefault(text, []).append(h)
+                cells.append(next(iter(picks)) if len(picks) == 1 else
+                             " / ".join(f"{t} ({_heads(hs)} heads)" for t, hs in picks.items()))
+            rows[(cc, dtype)] = tuple(cells)
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for (cc, dtype), cells in rows.items():
+        groups.setdefault((dtype, cells), []).append(cc)
+    order = sorted(groups.items(), key=lambda g: (S.CAPABILITIES.index(g[1][0]), S.DTYPES.index(g[0][0])))
+    out = ["| capability | model | " + " | ".join(f"kv `{kv}`" for kv in S.KV_CACHE_DTYPES) + " |",
+           "|---|---|" + "---|" * len(S.KV_CACHE_DTYPES)]
+    out += [f"| {', '.join(ccs)} | {dtype} | " + " | ".join(cells) + " |" for (dtype, cells), ccs in order]
+    return out
+
+
+def test_readme_selection_table(trees, update_docs):
+    """README.md's selection table is what vLLM's own selector answers (GLM-5 and DeepSeek-V3.2 alike)."""
+    import doctext
+    from gitfixtures import REPO_ROOT
+
+    tables = {p: selection_table(trees, p) for p in S.PRESETS}
+    first = next(iter(tables.values()))
+    assert all(t == first for t in tables.values()), "the README says both presets give one table"
+    readme = REPO_ROOT / "README.md"
+    doctext.check_or_update(readme, "the selection table", doctext.section(readme, "selection table"), first,
+                            update_docs, lambda: doctext.write_section(readme, "selection table", first))

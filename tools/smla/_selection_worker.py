@@ -298,7 +298,7 @@ class _Selection:
         select = getattr(mod, "select_sparse_indexer_logits", None)
         if select is None:
             facts["path"] = "deepgemm" if arch else "none"
-            facts["reason"] = ("DeepGEMM only (no portable indexer in this tree)" if arch else
+            facts["reason"] = ("the only indexer this tree has" if arch else
                                "DeepGEMM only, which has no kernels for this capability: "
                                "the indexer fails at startup")
             return facts
