@@ -1,7 +1,7 @@
 """The docs cannot drift from the code (issue 20, item 11).
 
-- Every ```console block of README.md and docs/*.md is a transcript of real output
-  (tests/doctext.py reads them). `smla explain` commands run through smla.explain, all of
+- Every ```console block of README.md and docs/*.md (but the docs of GPU runs) is a transcript
+  of real output (tests/doctext.py reads them). `smla explain` commands run through smla.explain, all of
   them at once (one interpreter per tree) against the work tree; the other commands of a
   document run in order, as one session, in bash, in a fresh copy of the toolkit root
   (vllm-pin.txt and patches/; the tree is fetched from the pinned sdist). Paths are shown as
