@@ -19,7 +19,8 @@ Fixtures:
   update_docs     True under `--update-docs`: the docs tests rewrite the docs from real output
                   instead of comparing them (`make docs`)
 The two worlds are built once per session and copied for each test (building them is most of a
-toolkit test's time).
+toolkit test's time). This file imports the toolkit (gitfixtures, smla) only inside fixtures or
+guarded: the GPU machine runs tests/gpu with it, without the toolkit installed.
 """
 from __future__ import annotations
 
@@ -29,8 +30,7 @@ from pathlib import Path
 
 import pytest
 
-import gitfixtures
-from gitfixtures import REPO_ROOT
+REPO_ROOT = Path(__file__).resolve().parents[1]  # as gitfixtures.REPO_ROOT
 
 # Triton's compile cache (hundreds of MB for the kernel tests) goes under the toolkit's cache
 # (<cache>/triton), not ~/.triton, unless the user chose a place with TRITON_CACHE_DIR.
@@ -102,16 +102,20 @@ def update_docs(request) -> bool:
 def _copy_world(template: Path, dest: Path, pin_files: list[Path]) -> None:
     """Copy a world built under `template` into `dest`: the pin files' paths follow it, and every
     git repository re-reads its files' stat data (copied files have new inodes and ctimes)."""
+    from smla import proc
+
     shutil.copytree(template, dest, symlinks=True, dirs_exist_ok=True)
     for rel in pin_files:
         pin = dest / rel
         pin.write_text(pin.read_text().replace(str(template), str(dest)))
     for dotgit in dest.rglob(".git"):
-        gitfixtures.proc.git(dotgit.parent, "update-index", "-q", "--refresh", check=False)
+        proc.git(dotgit.parent, "update-index", "-q", "--refresh", check=False)
 
 
 @pytest.fixture(scope="session")
 def _series_template(tmp_path_factory) -> Path:
+    import gitfixtures
+
     template = tmp_path_factory.mktemp("series-template")
     gitfixtures.series_project(template)
     return template
@@ -120,6 +124,8 @@ def _series_template(tmp_path_factory) -> Path:
 @pytest.fixture
 def series_project(_series_template, tmp_path):
     """(root, tree, pin) as gitfixtures.series_project(tmp_path) gives them."""
+    import gitfixtures
+
     _copy_world(_series_template, tmp_path, [Path("project/vllm-pin.txt")])
     root = tmp_path / "project"
     pin = gitfixtures.load_pin(root / "vllm-pin.txt")
@@ -128,6 +134,8 @@ def series_project(_series_template, tmp_path):
 
 @pytest.fixture(scope="session")
 def _rebase_template(tmp_path_factory) -> Path:
+    import gitfixtures
+
     template = tmp_path_factory.mktemp("rebase-template")
     world = gitfixtures.make_rebase_world(template)
     (template / "ids.txt").write_text(" ".join(world[k] for k in ("c0", "c1", "c2")))
@@ -150,6 +158,8 @@ def rebase_world(_rebase_template, tmp_path, monkeypatch) -> dict:
 
 @pytest.fixture(scope="session")
 def _index_server():
+    import gitfixtures
+
     server = gitfixtures.IndexServer()
     yield server
     server.close()
