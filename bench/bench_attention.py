@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -46,8 +45,11 @@ import triton
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 
 from fp8_ds_mla_reference import row_bytes  # noqa: E402
+from timing import copy_tbps, host_us  # noqa: E402
+from timing import median_us as bench  # noqa: E402
 from sparse_mla_reference import load_tree_module, reference_sparse_mla  # noqa: E402
 
 R, P, BS, TOPK = 512, 64, 64, 2048
@@ -60,29 +62,6 @@ GRAPH_MAX_TOKENS = 64
 FP8_ROW = row_bytes(R, P)
 SWEEP = [(32, 4, 2, False), (32, 4, 2, True), (32, 4, 3, True), (64, 4, 2, True),
          (64, 8, 2, True), (32, 8, 2, True), (16, 4, 2, True), (16, 4, 3, True)]
-
-
-def bench(fn, graph: bool) -> float:
-    """Median µs: CUDA-graph replay when graph, else eager do_bench."""
-    if graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        return 1e3 * triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median")
-    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-def copy_tbps() -> float:
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=10, rep=50, return_mode="median")
-    return 2 * n / (ms * 1e-3) / 1e12
 
 
 def engine_query(T: int, H: int, gen):
@@ -152,18 +131,6 @@ class FlashMLA:
                                               self.out)[0]
         return self.ops.sparse_prefill_fwd(self.q, self.kv, self.idx, SCALE, R, None, None,
                                            self.out)[0]
-
-
-def host_us(fn, calls=2000) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def check(out, ql, qpe, kv_rows, slots, cache, n=4) -> float:

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -36,6 +35,7 @@ import triton
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from indexer_reference import (  # noqa: E402
     build_paged_case,
@@ -45,6 +45,8 @@ from indexer_reference import (  # noqa: E402
 )
 from sparse_mla_reference import load_tree_module  # noqa: E402
 from test_indexer_gpu import BS, D, H, load_deepgemm, load_vllm_ops  # noqa: E402
+from timing import copy_tbps, host_us  # noqa: E402
+from timing import median_us as bench  # noqa: E402
 
 REL = "vllm/v1/attention/ops/triton_dsa_indexer.py"
 # (context lengths per request, queries per request)
@@ -54,41 +56,6 @@ DECODE = [(32, 65536, 1), (128, 16384, 1), (1, 65536, 1), (32, 65536, 2), (64, "
 MAX_MODEL_LEN = 65536
 TOPK = 2048
 KEY_BYTES = D + 4
-
-
-def bench(fn, graph=False) -> float:
-    if graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        torch.cuda.synchronize()
-        return 1e3 * triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median")
-    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-def copy_tbps() -> float:
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=10, rep=50, return_mode="median")
-    return 2 * n / (ms * 1e-3) / 1e12
-
-
-def host_us(fn, calls=2000) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def prefill_inputs(ops, ctx_lens, q_lens, seed):

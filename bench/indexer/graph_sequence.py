@@ -17,23 +17,18 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from indexer_reference import build_paged_case  # noqa: E402
 from sparse_mla_reference import load_tree_module  # noqa: E402
 from test_indexer_gpu import BS, D, H, load_deepgemm, load_vllm_ops  # noqa: E402
+from timing import capture  # noqa: E402
 
 MAX_MODEL_LEN = 65536
 
 
 def replay(fn, n=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
+    g, out = capture(fn)
     for _ in range(n):
         g.replay()
     torch.cuda.synchronize()

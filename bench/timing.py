@@ -1,0 +1,56 @@
+"""Timing helpers shared by the benchmarks (GPU only).
+
+- ``median_us(fn, graph)``: median µs of ``fn`` with triton.testing.do_bench
+  (CUDA events, L2 flushed before each run), eager or as CUDA-graph replays
+  (warmed up on a side stream, then captured once).
+- ``capture(fn)``: the CUDA graph of one call of ``fn`` (and its output).
+- ``copy_tbps()``: device-to-device copy bandwidth of 1 GiB, bytes read +
+  written over time (the bytes floor the benchmarks compare against).
+- ``host_us(fn)``: host time per eager call, 2,000 calls queued back to back.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import triton
+
+
+def capture(fn):
+    """(graph, output) of one captured call of fn."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    torch.cuda.synchronize()
+    return g, out
+
+
+def median_us(fn, graph: bool = False) -> float:
+    if graph:
+        fn = capture(fn)[0].replay
+    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def copy_tbps() -> float:
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=10, rep=50, return_mode="median")
+    return 2 * n / (ms * 1e-3) / 1e12
+
+
+def host_us(fn, calls: int = 2000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
