@@ -13,7 +13,7 @@
 #                 from the installed distribution's metadata; a source tree has none)
 # usage (repo root, after `make patch`, with network for the wheels):
 #   bash tests/gpu/make-bundle.sh [OUTDIR=.gpu-port] [WHEEL=<official wheel of the pin>]
-# OUTDIR must be git-ignored (it is listed in .git/info/exclude).
+# OUTDIR must be git-ignored (.gitignore lists the default, .gpu-port).
 set -euo pipefail
 out=${1:-.gpu-port}
 version=$(sed -n 's/^version *= *//p' vllm-pin.txt)
