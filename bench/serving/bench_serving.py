@@ -257,9 +257,15 @@ def run_profile(llm, drive, SampleRequest, w: planmod.Workload, vocab: int, trac
     return out
 
 
+def _child(target, job: dict, result_dir: str) -> None:
+    """Spawned process: a process group of its own (the parent ends the whole group,
+    vLLM's engine-core process included), then the engine."""
+    os.setpgrp()
+    target(job, result_dir)
+
+
 def engine_main(job: dict, result_dir: str) -> None:
     """Child process: one engine, its pending workloads and profiles; records.jsonl."""
-    os.setpgrp()  # the parent ends the whole group (the engine core too) after this process
     rdir = Path(result_dir)
     rdir.mkdir(parents=True, exist_ok=True)
     log = open(rdir / "engine.log", "a")
@@ -370,7 +376,7 @@ def end_group(p) -> None:
     try:
         os.killpg(p.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        pass
+        p.kill()  # not a group leader (it never got to setpgrp)
     p.join()
     for _ in range(60):
         try:
@@ -476,7 +482,7 @@ def run(args, plan: planmod.Plan) -> int:
         t0 = time.time()
         print(f"[call {call}] start {engine.name} ({len(todo)} workloads, {len(todo_profiles)} profiles, "
               f"~{need:.0f} s)", flush=True)
-        p = ctx.Process(target=engine_main, args=(job, str(rdir)), daemon=False)
+        p = ctx.Process(target=_child, args=(engine_main, job, str(rdir)), daemon=False)
         p.start()
         killed = False
         while p.is_alive():
