@@ -51,7 +51,7 @@ BASE_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_ALLOW_INSECURE_SERIALIZATI
             "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1", "PYTHONUNBUFFERED": "1"}
 SEED = 0
-SAFETY = 1.2  # estimates x this before a deadline check
+SAFETY = planmod.SAFETY  # estimates x this before a deadline check
 KILL_MARGIN_S = 20.0  # a child still running this close to the deadline is killed
 DRIVER = "vllm.benchmarks.throughput._run_vllm_requests"
 
@@ -141,6 +141,12 @@ def engine_estimate(engine, todo, todo_profiles, state) -> float:
     k = scale_from(state)
     work = cost.warmup(engine.side) + sum(cost.workload(w, engine.side) for w in todo)
     return SAFETY * (start_estimate(state) + k * work + len(todo_profiles) * cost.profile_s + cost.stop_s)
+
+
+def min_start_need(state) -> float:
+    """The least an engine start needs to be worth it: start-up, warm-up, one small workload."""
+    cost = planmod.CostModel()
+    return SAFETY * (start_estimate(state) + cost.warmup("ours") + cost.stop_s + 5.0)
 
 
 # ---------------------------------------------------------------- the engine process
@@ -467,7 +473,10 @@ def run(args, plan: planmod.Plan) -> int:
     for engine, todo, todo_profiles in st.pending(state, plan):
         need = engine_estimate(engine, todo, todo_profiles, state)
         left = args.deadline - time.time()
-        if need > left:
+        # An engine too long for what is left waits for the next call, unless this call has
+        # run nothing yet: then it runs what fits (its child stops at the deadline) and the
+        # rest resumes next call.
+        if need > left and (entry["engines"] or min_start_need(state) > left):
             print(f"[call {call}] {engine.name}: needs ~{need:.0f} s, {left:.0f} s left: next call", flush=True)
             code = EXIT_MORE
             break
@@ -552,13 +561,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--contexts", nargs="+", type=int, default=list(planmod.CONTEXTS))
     ap.add_argument("--batches", nargs="+", type=int, default=list(planmod.BATCHES))
     ap.add_argument("--output-len", type=int, default=planmod.OUTPUT_LEN)
+    ap.add_argument("--profile-batches", nargs="*", type=int, default=list(planmod.PROFILE_BATCHES),
+                    help="batches whose decode step is profiled at 64k context (none: no profile)")
     ap.add_argument("--reset", action="store_true", help="ignore any manifest and start over")
     ap.add_argument("--retry-failed", action="store_true", help="run engines marked failed again")
     ap.add_argument("--keep-going", action="store_true", help="go on with the next engine after a failure")
     ap.add_argument("--dry-run", action="store_true", help="print the engines' arguments and exit (no vLLM)")
     args = ap.parse_args(argv)
     args.plan_args = {"models": args.models, "kv_caches": args.kv_caches, "sides": args.sides,
-                      "contexts": args.contexts, "batches": args.batches, "output_len": args.output_len}
+                      "contexts": args.contexts, "batches": args.batches, "output_len": args.output_len,
+                      "profile_batches": args.profile_batches}
     if args.deadline is None:
         args.deadline = time.time() + args.budget_s
     return args

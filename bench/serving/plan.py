@@ -28,7 +28,7 @@ BATCHES = (1, 16, 64)
 OUTPUT_LEN = 256
 MODEL_DTYPE = "bfloat16"
 PROFILE_CONTEXT = 65536
-PROFILE_BATCHES = (1, 64)
+PROFILE_BATCHES = (64,)
 # vLLM's own worker profiler (ProfilerConfig): skip the cached-prefix step and one
 # decode step, then record this many whole decode steps.
 PROFILE_DELAY_ITERS = 3
@@ -46,6 +46,7 @@ CALL_LIMIT_S = 600
 CALL_BUDGET_S = 560  # the runner starts no work it cannot finish by then (install inside; 40 s to pack)
 SESSION_BUDGET_S = 1800
 N_PIECES = 3  # `make e2e-bundle` with the 0.26.0 wheel: 3 pieces (tests/e2e/README.md)
+SAFETY = 1.2  # the runner starts an engine / a workload only if estimate x SAFETY fits
 
 
 class PlanError(ValueError):
@@ -102,6 +103,7 @@ class CostModel:
     install_s: float = 90.0  # first call: unpack, check and pip-install the bundle
     stage_call_s: float = 45.0  # a staging call: transfer + check of one 56 MiB piece
     machine_start_s: float = 120.0  # a cold machine ("a minute or more")
+    call_gap_s: float = 15.0  # between two calls the machine is held, idle, while the next is sent
 
     def prefill(self, context: int, batch: int, side: str) -> float:
         f = self.ours_factor if side == "ours" else 1.0
@@ -204,24 +206,17 @@ class Estimate:
     call_s: list[float]
 
 
-def engine_fits(cost: CostModel, e: Engine, todo: list[Workload], profiled: list[Workload],
-                left_s: float) -> list[Workload]:
-    """The leading workloads of `todo` that one start of engine `e` can run within left_s."""
-    t = cost.start_s + cost.warmup(e.side) + cost.stop_s
-    fits: list[Workload] = []
-    for w in todo:
-        t += cost.workload(w, e.side) + (cost.profile_s if w in profiled else 0.0)
-        if t > left_s:
-            break
-        fits.append(w)
-    return fits
+def engine_time(cost: CostModel, e: Engine, workloads: list[Workload], profiled: list[Workload]) -> float:
+    return (cost.start_s + cost.warmup(e.side) + cost.stop_s
+            + sum(cost.workload(w, e.side) + (cost.profile_s if w in profiled else 0.0) for w in workloads))
 
 
 def pack_calls(plan: Plan, cost: CostModel = CostModel(), budget_s: float = CALL_BUDGET_S) -> Estimate:
-    """Engines into bench calls of <= budget_s each, as the runner schedules them: an
-    engine starts in a call only if all its remaining workloads fit what is left of the
-    call; one that does not fit even an empty call runs what fits and restarts in the
-    next call for the rest (start-up paid again). The first call also installs."""
+    """Engines into bench calls as the runner schedules them: an engine starts when
+    SAFETY x its estimate fits what is left of the call, or when the call has run
+    nothing yet; it then runs the workloads whose SAFETY x estimate still fit, and
+    restarts in the next call for the rest (start-up paid again). The first call
+    also installs. Call and device times are the plain (not SAFETY) estimates."""
     per_engine = {e.name: cost.engine(e, list(plan.workloads), len(plan.profiles_for(e))) for e in plan.engines}
     calls: list[list[str]] = [[]]
     used = [cost.install_s]
@@ -229,22 +224,31 @@ def pack_calls(plan: Plan, cost: CostModel = CostModel(), budget_s: float = CALL
         todo = list(plan.workloads)
         profiled = plan.profiles_for(e)
         while todo:
-            fits = engine_fits(cost, e, todo, profiled, budget_s - used[-1])
-            if len(fits) < len(todo) and calls[-1]:
+            left = budget_s - used[-1]
+            if calls[-1] and SAFETY * engine_time(cost, e, todo, profiled) > left:
                 calls.append([])
                 used.append(0.0)
                 continue
+            t = cost.start_s + cost.warmup(e.side)
+            fits: list[Workload] = []
+            for w in todo:
+                extra = cost.workload(w, e.side) + (cost.profile_s if w in profiled else 0.0)
+                if t + SAFETY * extra + cost.stop_s > left:
+                    break
+                fits.append(w)
+                t += extra
             if not fits:
-                raise PlanError(f"{e.name}: one workload does not fit a {budget_s:.0f} s call")
+                raise PlanError(f"{e.name}: no workload fits a {budget_s:.0f} s call after the start-up")
             whole = len(fits) == len(todo) == len(plan.workloads)
             calls[-1].append(e.name if whole else f"{e.name}[{fits[0].name}..{fits[-1].name}]")
-            used[-1] += cost.start_s + cost.warmup(e.side) + cost.stop_s + sum(
-                cost.workload(w, e.side) + (cost.profile_s if w in profiled else 0.0) for w in fits)
+            used[-1] += t + cost.stop_s
             todo = todo[len(fits):]
             if todo:
                 calls.append([])
                 used.append(0.0)
-    device = cost.machine_start_s + (N_PIECES - 1) * cost.stage_call_s + sum(used)
+    n_calls = N_PIECES - 1 + sum(1 for c in calls if c)
+    device = (cost.machine_start_s + (N_PIECES - 1) * cost.stage_call_s + sum(used)
+              + (n_calls - 1) * cost.call_gap_s)
     return Estimate(per_engine, [c for c in calls if c], device, [u for c, u in zip(calls, used) if c])
 
 
@@ -272,7 +276,8 @@ def render(plan: Plan, est: Estimate, cost: CostModel) -> str:
     for i, (c, t) in enumerate(zip(est.calls, est.call_s), 1):
         out.append(f"bench call {i} (~{t:.0f} s): {', '.join(c)}")
     out.append(f"estimated device time: {est.device_s:.0f} s ({est.device_s / 60:.1f} min) of "
-               f"{SESSION_BUDGET_S} s (machine start, {N_PIECES - 1} staging calls and the install included)")
+               f"{SESSION_BUDGET_S} s (machine start, {N_PIECES - 1} staging calls, the install and the gaps "
+               "between calls included)")
     out.append("")
     out.append("device calls, back to back (the machine forgets everything 30 s after a call):")
     out += ["  " + line for line in device_calls(est)]
