@@ -270,6 +270,24 @@ def _child(target, job: dict, result_dir: str) -> None:
     target(job, result_dir)
 
 
+def resolved_config(cfg) -> dict:
+    """The engine settings vLLM resolved (informative: a missing field is None, never an error)."""
+    fields = {"max_num_batched_tokens": ("scheduler_config", "max_num_batched_tokens"),
+              "max_num_seqs": ("scheduler_config", "max_num_seqs"),
+              "enable_chunked_prefill": ("scheduler_config", "enable_chunked_prefill"),
+              "async_scheduling": ("scheduler_config", "async_scheduling"),
+              "max_model_len": ("model_config", "max_model_len"), "block_size": ("cache_config", "block_size"),
+              "cache_dtype": ("cache_config", "cache_dtype"),
+              "cudagraph_mode": ("compilation_config", "cudagraph_mode"),
+              "cudagraph_capture_sizes": ("compilation_config", "cudagraph_capture_sizes"),
+              "compilation_mode": ("compilation_config", "mode")}
+    out = {}
+    for name, (part, attr) in fields.items():
+        v = getattr(getattr(cfg, part, None), attr, None)
+        out[name] = v if isinstance(v, (int, float, bool, list, type(None))) else str(v)
+    return out
+
+
 def engine_main(job: dict, result_dir: str) -> None:
     """Child process: one engine, its pending workloads and profiles; records.jsonl."""
     rdir = Path(result_dir)
@@ -308,15 +326,7 @@ def engine_main(job: dict, result_dir: str) -> None:
         meta = {"init_s": init_s, "probe": probes, "worker_cudagraphs": graphs,
                 "versions": {"vllm": vllm.__version__, "torch": torch.__version__,
                              "gpu": torch.cuda.get_device_name(0), "python": sys.version.split()[0]},
-                "config": {"max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
-                           "max_num_seqs": cfg.scheduler_config.max_num_seqs,
-                           "max_model_len": cfg.model_config.max_model_len,
-                           "block_size": cfg.cache_config.block_size,
-                           "cache_dtype": str(cfg.cache_config.cache_dtype),
-                           "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode),
-                           "compilation_mode": str(cfg.compilation_config.mode),
-                           "async_scheduling": getattr(cfg.scheduler_config, "async_scheduling", None),
-                           "enable_chunked_prefill": cfg.scheduler_config.enable_chunked_prefill}}
+                "config": resolved_config(cfg)}
         try:
             from run_e2e import parse_kv_capacity
 
