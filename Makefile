@@ -111,6 +111,7 @@ test-e2e:
 BENCH_E2E_ARGS ?=
 BENCH_STATE    ?= .e2e/serving-state/state.json
 BENCH_FROM     ?=
+BENCH_COMMAND  ?=
 .PHONY: bench-e2e bench-e2e-plan bench-e2e-keep bench-e2e-report bench-e2e-share
 bench-e2e:
 	bash bench/serving/device-run.sh run $(BENCH_E2E_ARGS)
@@ -126,7 +127,8 @@ bench-e2e-keep: $(STAMP)
 
 bench-e2e-report: $(STAMP)
 	$(BIN)/python bench/serving/report.py --state "$(BENCH_STATE)" --out bench/serving \
-	  $(if $(wildcard .e2e/serving-state/env.txt),--env .e2e/serving-state/env.txt)
+	  $(if $(wildcard .e2e/serving-state/env.txt),--env .e2e/serving-state/env.txt) \
+	  $(if $(BENCH_COMMAND),--command "$(BENCH_COMMAND)")
 
 bench-e2e-share: $(STAMP)
 	$(BIN)/python bench/serving/glm5_share.py

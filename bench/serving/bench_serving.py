@@ -486,7 +486,13 @@ def run(args, plan: planmod.Plan) -> int:
         # An engine too long for what is left waits for the next call, unless this call has
         # run nothing yet: then it runs what fits (its child stops at the deadline) and the
         # rest resumes next call.
-        if need > left and (entry["engines"] or min_start_need(state) > left):
+        if need > left and not entry["engines"] and min_start_need(state) > left:
+            print(f"error: [call {call}] {engine.name}: even a start with one workload needs "
+                  f"~{min_start_need(state):.0f} s, the call has {left:.0f} s: give the call more time "
+                  "(BENCH_BUDGET_S, timeout_s) or look at the start-up in the engine logs", flush=True)
+            code = EXIT_FAILED
+            break
+        if need > left and entry["engines"]:
             print(f"[call {call}] {engine.name}: needs ~{need:.0f} s, {left:.0f} s left: next call", flush=True)
             code = EXIT_MORE
             break

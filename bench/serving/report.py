@@ -147,6 +147,11 @@ def markdown(results: dict) -> str:
     validate(results)
     rows = results["rows"]
     out = []
+    meta = results.get("meta") or {}
+    if meta.get("command"):
+        out += ["Command (device calls): `" + str(meta["command"]).strip() + "`", ""]
+    if meta.get("environment"):
+        out += ["Environment (env.txt):", "", "```", str(meta["environment"]).strip(), "```", ""]
     groups = sorted({(r["model"], r["kv_cache"]) for r in rows},
                     key=lambda g: (MODEL_ORDER.get(g[0], 99), g[0], KV_ORDER.get(g[1], 99), g[1]))
     for model, kv in groups:

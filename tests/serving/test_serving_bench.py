@@ -127,6 +127,7 @@ def test_engine_arguments_graphs_on_mtp_off_forced_kernels():
     dry = json.loads(out.stdout)
     assert dry["driver"] == "vllm.benchmarks.throughput._run_vllm_requests"
     plan = planmod.build_plan()
+    assert dry["plan_id"] == plan.plan_id(), "the runner's default plan is not plan.py's"
     assert [e["name"] for e in dry["engines"]] == [e.name for e in plan.engines]
     for e, spec in zip(plan.engines, dry["engines"]):
         kw = spec["llm_kwargs"]
@@ -313,6 +314,29 @@ def test_an_engine_still_running_at_the_deadline_is_killed_and_its_work_kept(fak
     core = int(next((fake / "m1" / "engines").glob("*/core.pid")).read_text())
     assert not Path(f"/proc/{core}").exists() or "Z" in Path(f"/proc/{core}/stat").read_text().split()[2], \
         "the engine's own child process outlived the kill"
+
+
+def test_a_fresh_call_starts_an_engine_too_long_for_it_and_refuses_one_that_cannot_start(fake, monkeypatch, capsys):
+    monkeypatch.setattr(bench_serving, "engine_estimate", lambda *a: 10_000.0)
+    assert _run(fake) == bench_serving.EXIT_MORE  # the first engine ran, the second waits
+    assert {k.split("/")[0] for k in st.load(fake / "m1")["items"]} == {"glm5-tiny-bf16kv-upstream"}
+    monkeypatch.setattr(bench_serving, "start_estimate", lambda state: 10_000.0)
+    assert _run(fake) == bench_serving.EXIT_FAILED
+    assert "even a start with one workload needs" in capsys.readouterr().out
+
+
+def test_the_resolved_config_never_fails():
+    class C:
+        pass
+
+    cfg = C()
+    cfg.scheduler_config = C()
+    cfg.scheduler_config.max_num_batched_tokens = 16384
+    cfg.compilation_config = C()
+    cfg.compilation_config.cudagraph_mode = object()
+    out = bench_serving.resolved_config(cfg)
+    assert out["max_num_batched_tokens"] == 16384 and out["block_size"] is None
+    assert isinstance(out["cudagraph_mode"], str)
 
 
 def test_merge_keeps_the_union_and_prefers_the_first():
