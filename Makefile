@@ -24,6 +24,8 @@ help:
 	@echo "make build-wheel  patched vLLM wheel in dist/ (WHEEL_ARGS=\"--from-source\" etc., see docs/build-wheel.md)"
 	@echo "make test-wheel   opt-in check of build-wheel on the real official wheel (500 MB)"
 	@echo "make bench        sparse-MLA kernel benchmark vs seed/torch/floors (GPU; BENCH_ARGS=--quick, BENCH_PY=python3)"
+	@echo "make bench-e2e    serving speed upstream vs ours through vllm.LLM (lent H200; bench/serving/README.md)"
+	@echo "make bench-e2e-plan / bench-e2e-keep BENCH_FROM=DIR / bench-e2e-report / bench-e2e-share   (CPU)"
 	@echo "make explain MODEL=glm-5 CAP=12.0 [DTYPE=float16] [TREE=pristine|PATH]  why vLLM picks that attention backend"
 	@echo "make clean        remove the work tree (refused while it holds unexported work; ARGS=--discard), dist/ and the virtualenv"
 
@@ -111,3 +113,34 @@ e2e-bundle: $(STAMP)
 
 test-e2e:
 	bash tests/e2e/device-run.sh run $(E2E_ARGS)
+
+# ---- Serving speed through vllm.LLM on the lent H200 (bench/serving/README.md) ----
+# bench-e2e: on a CUDA machine holding the e2e bundle (or after the staging calls on the
+# lent GPU): upstream's kernels vs ours through vLLM's own benchmark code, one engine at a
+# time, resumable (exit 10: call again). BENCH_E2E_ARGS: bench/serving/bench_serving.py.
+# The rest runs here (CPU): the plan and time estimate, results.json + table + plot from a
+# run's manifest (BENCH_STATE), and the GLM-5 TP 8 share calculator.
+BENCH_E2E_ARGS ?=
+BENCH_STATE    ?= .e2e/serving-state/state.json
+BENCH_FROM     ?=
+BENCH_COMMAND  ?=
+.PHONY: bench-e2e bench-e2e-plan bench-e2e-keep bench-e2e-report bench-e2e-share
+bench-e2e:
+	bash bench/serving/device-run.sh run $(BENCH_E2E_ARGS)
+
+bench-e2e-plan: $(STAMP)
+	$(BIN)/python bench/serving/plan.py
+
+# Keep a device call's manifest (BENCH_FROM: the folder its files came back to) for the
+# next call to carry (.e2e/serving-state) and for bench-e2e-report.
+bench-e2e-keep: $(STAMP)
+	@test -n "$(BENCH_FROM)" || { echo "error: BENCH_FROM=<folder holding the call's state.json>" >&2; exit 2; }
+	$(BIN)/python bench/serving/keep_state.py "$(BENCH_FROM)" .e2e/serving-state
+
+bench-e2e-report: $(STAMP)
+	$(BIN)/python bench/serving/report.py --state "$(BENCH_STATE)" --out bench/serving \
+	  $(if $(wildcard .e2e/serving-state/env.txt),--env .e2e/serving-state/env.txt) \
+	  $(if $(BENCH_COMMAND),--command "$(BENCH_COMMAND)")
+
+bench-e2e-share: $(STAMP)
+	$(BIN)/python bench/serving/glm5_share.py

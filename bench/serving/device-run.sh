@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The serving benchmark on the lent GPU machine (repo root = working directory); the
+# same bundle, store and install as tests/e2e/device-run.sh (tests/e2e/README.md).
+#   bash bench/serving/device-run.sh stage          keep the piece(s) this call carried
+#   bash bench/serving/device-run.sh run [ARGS...]  stage the last piece, check all, install,
+#                                                   then bench/serving/bench_serving.py ARGS
+# BENCH_BUDGET_S (default 560): the runner starts no engine it cannot finish within that
+# many seconds of this script's start; a call limit of 600 s leaves 40 s to pack $OUT.
+# Exit: 0 all done, 10 more to do (make the same call again), 3 an engine failed or used
+# the wrong kernels, 2 usage / manifest of another plan, 20-22 bundle pieces (device_pieces.py).
+set -euo pipefail
+t0=$(date +%s)
+mode=${1:?usage: device-run.sh stage|run [bench_serving.py args]}
+shift
+out=${OUT:-/tmp/smla-bench-out}
+store=/tmp/smla-e2e
+mkdir -p "$out"
+if [ "$mode" = stage ]; then
+  exec python3 tests/e2e/device_pieces.py stage --store "$store"
+fi
+[ "$mode" = run ] || { echo "unknown mode $mode" >&2; exit 2; }
+python3 tests/e2e/device_pieces.py assemble --store "$store"
+site=$store/site
+payload=$store/payload
+# --- install: as in tests/e2e/device-run.sh (tests/serving checks the two stay the same) ---
+if [ ! -f "$site/.installed" ] || [ "$(cat "$site/.installed")" != "$(cat "$payload/.verified")" ]; then
+  rm -rf "$site"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+    "$payload"/deps/*.whl "$payload"/vllm-*.whl
+  mkdir -p "$site/smla_e2e_plugin-0.dist-info"
+  printf 'Metadata-Version: 2.1\nName: smla-e2e-plugin\nVersion: 0\n' > "$site/smla_e2e_plugin-0.dist-info/METADATA"
+  printf '[vllm.general_plugins]\ne2e_dummy = e2e_plugin:register\n' > "$site/smla_e2e_plugin-0.dist-info/entry_points.txt"
+  cp "$payload/.verified" "$site/.installed"
+fi
+export PYTHONPATH=$site:$PWD/tests/e2e
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export PATH=$CUDA_HOME/bin:$PATH
+# --- end of install ---
+{
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch, triton, vllm, importlib.metadata as m; print("torch", torch.__version__, "triton", triton.__version__, "vllm", vllm.__version__, m.version("vllm"), vllm.__file__)'
+  nproc
+} 2>&1 | tee "$out/env.txt"
+gpus=$(nvidia-smi -L | wc -l)
+[ "$gpus" -ge 1 ] || { echo "no GPU" >&2; exit 2; }
+budget=${BENCH_BUDGET_S:-560}
+# No pipe (| tee): processes an engine leaves behind would hold it open.
+set +e
+python3 bench/serving/bench_serving.py --out "$out" --state-dir /tmp/smla-bench \
+  --carried-state .e2e/serving-state --deadline $((t0 + budget)) "$@" > "$out/run.log" 2>&1
+rc=$?
+set -e
+cat "$out/run.log"
+# Engine logs and the profiler's tables, one archive (traces stay on the machine: size).
+tar -C /tmp/smla-bench -cJf "$out/engine-logs.tar.xz" --exclude='*.pt.trace.json*' --exclude=state.json engines \
+  2>/dev/null || true
+echo "call wall $(( $(date +%s) - t0 )) s, exit $rc"
+exit "$rc"
