@@ -193,20 +193,20 @@ def test_the_pinned_vllm_has_what_the_runner_calls(vllm_tree):
     assert "num_cached_tokens" in (vllm_tree / "vllm/outputs.py").read_text()
 
 
-def _install_block(text: str) -> list[str]:
-    lines = text.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith('if [ ! -f "$site/.installed" ]'))
-    end = next(i for i, ln in enumerate(lines) if ln.startswith("export PATH=$CUDA_HOME/bin"))
-    return [ln.strip() for ln in lines[start:end + 1] if ln.strip() and not ln.strip().startswith("#")]
-
-
 def test_the_bench_device_script_installs_exactly_as_the_e2e_one():
+    """Both device scripts take the bundle, install and environment from the one
+    sourced setup, and neither installs anything itself."""
     e2e = (REPO / "tests/e2e/device-run.sh").read_text()
     ours = (BENCH / "device-run.sh").read_text()
-    assert _install_block(ours) == _install_block(e2e)
-    assert "tests/e2e/device_pieces.py stage" in ours and "tests/e2e/device_pieces.py assemble" in ours
+    for text in (e2e, ours):
+        assert 'source tests/e2e/device-setup.sh "$mode"' in text
+        assert "pip install" not in text and "device_pieces.py assemble" not in text
+    setup = (REPO / "tests/e2e/device-setup.sh").read_text()
+    assert "device_pieces.py stage" in setup and "device_pieces.py assemble" in setup
     assert "--deadline $((t0 + budget))" in ours and "BENCH_BUDGET_S:-560" in ours
-    assert subprocess.run(["bash", "-n", str(BENCH / "device-run.sh")]).returncode == 0
+    for script in (BENCH / "device-run.sh", REPO / "tests/e2e/device-run.sh",
+                   REPO / "tests/e2e/device-setup.sh"):
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
 
 
 # ----------------------------------------------------- the runner, resumable
