@@ -34,7 +34,6 @@ env: SMLA_TREE (kernel file), SMLA_TREE_BEFORE (optional), SMLA_FLASHMLA_SO
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -48,9 +47,9 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from fp8_ds_mla_reference import row_bytes  # noqa: E402
-from timing import copy_tbps, host_us  # noqa: E402
+from timing import copy_tbps, host_us, kernel_modules, parse_args  # noqa: E402
 from timing import median_us as bench  # noqa: E402
-from sparse_mla_reference import load_tree_module, reference_sparse_mla  # noqa: E402
+from sparse_mla_reference import reference_sparse_mla  # noqa: E402
 
 R, P, BS, TOPK = 512, 64, 64, 2048
 NOPE = 128  # qk_nope_head_dim (DeepSeek-V3.2); the rope slice starts here
@@ -149,19 +148,9 @@ def check(out, ql, qpe, kv_rows, slots, cache, n=4) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out_dir")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--sweep", action="store_true", help="also time other launch configs")
-    args = ap.parse_args()
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rel = "vllm/v1/attention/ops/triton_sparse_mla.py"
-    mod = load_tree_module(Path(os.environ.get("SMLA_TREE", REPO / "work/vllm")), rel,
-                           "smla_attn_now")
-    before = None
-    if os.environ.get("SMLA_TREE_BEFORE"):
-        before = load_tree_module(Path(os.environ["SMLA_TREE_BEFORE"]), rel, "smla_attn_before")
+    args = parse_args(__doc__)
+    out_dir = args.out_dir
+    mod, before = kernel_modules("vllm/v1/attention/ops/triton_sparse_mla.py", "smla_attn")
     have_fm = False
     if os.environ.get("SMLA_FLASHMLA_SO"):
         torch.ops.load_library(os.environ["SMLA_FLASHMLA_SO"])

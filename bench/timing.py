@@ -1,4 +1,8 @@
-"""Timing helpers shared by the benchmarks (GPU only).
+"""Helpers shared by the benchmarks (GPU only).
+
+- ``parse_args(doc)``: OUT_DIR [--quick] [--sweep], OUT_DIR created.
+- ``kernel_modules(rel, prefix)``: (the kernel file ``rel`` of SMLA_TREE,
+  the same file of SMLA_TREE_BEFORE or None), loaded by path.
 
 - ``median_us(fn, graph)``: median µs of ``fn`` with triton.testing.do_bench
   (CUDA events, L2 flushed before each run), eager or as CUDA-graph replays
@@ -10,10 +14,39 @@
 """
 from __future__ import annotations
 
+import argparse
+import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from sparse_mla_reference import load_tree_module  # noqa: E402
+
+
+def parse_args(doc: str | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("out_dir")
+    ap.add_argument("--quick", action="store_true", help="a smoke grid")
+    ap.add_argument("--sweep", action="store_true", help="also time other launch configs")
+    args = ap.parse_args()
+    args.out_dir = Path(args.out_dir)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def kernel_modules(rel: str, prefix: str):
+    now = load_tree_module(Path(os.environ.get("SMLA_TREE", REPO / "work" / "vllm")), rel,
+                           prefix + "_now")
+    before = None
+    if os.environ.get("SMLA_TREE_BEFORE"):
+        before = load_tree_module(Path(os.environ["SMLA_TREE_BEFORE"]), rel, prefix + "_before")
+    return now, before
 
 
 def capture(fn):

@@ -23,9 +23,7 @@ Writes OUT_DIR/indexer.json: {"copy_tbps", "rows": [...]}.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -43,9 +41,8 @@ from indexer_reference import (  # noqa: E402
     quant_q,
     quant_q_vllm,
 )
-from sparse_mla_reference import load_tree_module  # noqa: E402
 from test_indexer_gpu import BS, D, H, load_deepgemm, load_vllm_ops  # noqa: E402
-from timing import copy_tbps, host_us  # noqa: E402
+from timing import copy_tbps, host_us, kernel_modules, parse_args  # noqa: E402
 from timing import median_us as bench  # noqa: E402
 
 REL = "vllm/v1/attention/ops/triton_dsa_indexer.py"
@@ -126,18 +123,9 @@ def sweep(idx, ops, emit, bw):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out_dir")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--sweep", action="store_true", help="also time other launch configs")
-    args = ap.parse_args()
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    idx = load_tree_module(Path(os.environ.get("SMLA_TREE", ROOT / "work" / "vllm")), REL,
-                           "smla_idx_now")
-    before = None
-    if os.environ.get("SMLA_TREE_BEFORE"):
-        before = load_tree_module(Path(os.environ["SMLA_TREE_BEFORE"]), REL, "smla_idx_before")
+    args = parse_args(__doc__)
+    out_dir = args.out_dir
+    idx, before = kernel_modules(REL, "smla_idx")
     dg = load_deepgemm()
     ops = load_vllm_ops()
     bw = copy_tbps()

@@ -8,7 +8,6 @@ env:   SMLA_TREE, SMLA_DEEPGEMM_DIR, SMLA_VLLM_C_SO
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -20,9 +19,8 @@ sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from indexer_reference import build_paged_case  # noqa: E402
-from sparse_mla_reference import load_tree_module  # noqa: E402
 from test_indexer_gpu import BS, D, H, load_deepgemm, load_vllm_ops  # noqa: E402
-from timing import capture  # noqa: E402
+from timing import capture, kernel_modules  # noqa: E402
 
 MAX_MODEL_LEN = 65536
 
@@ -36,8 +34,7 @@ def replay(fn, n=20):
 
 
 def main(which: str) -> None:
-    idx = load_tree_module(Path(os.environ.get("SMLA_TREE", ROOT / "work" / "vllm")),
-                           "vllm/v1/attention/ops/triton_dsa_indexer.py", "smla_idx_seq")
+    idx, _ = kernel_modules("vllm/v1/attention/ops/triton_dsa_indexer.py", "smla_idx_seq")
     dg = load_deepgemm()
     ops = load_vllm_ops()
     for i, (B, ctx) in enumerate([(32, 65536), (128, 16384)]):
