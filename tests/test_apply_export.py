@@ -146,13 +146,14 @@ def test_status_reports_patches_and_local_edits(series_project):
     apply_mod.apply_series(load(root), tree, **quiet)
     s = status_mod.status(pin, tree, load(root))
     assert [p["state"] for p in s["patches"]] == ["already-applied"] * 3
-    assert s["matches_pin"] and s["uncommitted"] == [] and s["unexported"] == [] and s["local_commits"] == []
+    assert s["matches_pin"] and s["uncommitted"] == [] and s["local_commits"] == []
     assert s["state"] == "in-sync" and s["in_sync"] and s["hint"] is None
     fix = commit_change(tree, {"vllm/new.py": "x = 1\n"}, "A local fix")
     (tree / "README.md").write_text("dirty\n")
     s = status_mod.status(pin, tree, load(root))
     assert s["local_commits"][0]["subject"] == "A local fix"
-    assert s["unexported"] == [f"{fix[:12]} A local fix"]
+    assert s["local_commits"][0]["commit"] == fix
+    assert "unexported" not in s  # one key per fact: local_commits
     assert s["uncommitted"] == ["README.md"]
     assert s["state"] == "tree-edited" and not s["in_sync"]
 

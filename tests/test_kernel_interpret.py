@@ -179,6 +179,10 @@ def test_heuristic_bounds(smla):
     c = cfg(128, 1, 2048, torch.bfloat16, cpu)
     assert c["BLOCK_H"] == 64 and c["num_splits"] >= 1
     assert cfg(8, 1, 2048, torch.float16, cpu)["BLOCK_H"] == 16
+    # Off CUDA there is no SM count: no made-up GPU, the grid counts as full
+    # (one token would otherwise be split to fill the SMs).
+    assert cfg(16, 1, 2048, torch.float16, cpu)["num_splits"] == 1
+    assert smla._device_info(cpu) == (None, None)
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])

@@ -88,7 +88,7 @@ def test_status_tells_patches_newer_and_its_hint_loses_nothing(applied, tmp_path
     s = status_mod.status(pin, tree, load(root))
     assert s["state"] == "patches-newer" and not s["in_sync"]
     assert s["changed_patches"] == [{"name": KERNEL, "change": "changed"}]
-    assert s["unexported"] == [] and s["local_commits"] == []  # old code: "committed but not exported"
+    assert s["local_commits"] == []  # old code: "committed but not exported"
     assert "smla apply" in s["hint"] and "export" not in s["hint"]
     assert "patches/ is newer than the tree" in status_mod.text(s)
     # the command the old hint pointed at is refused now: it would overwrite the pulled fix

@@ -71,7 +71,6 @@ def status(pin: Pin, tree: Path, series: Series) -> dict:
         + [{"name": n, "change": "removed"} for n in st.removed],
         "local_commits": [{"commit": c, "subject": s} for c, s in st.edited],
         "stale_commits": [{"commit": c, "subject": s} for c, s in st.stale],
-        "unexported": [f"{c[:12]} {s}" for c, s in st.edited],
         "uncommitted": st.uncommitted,
         "inexact": st.inexact,
         "hint": hint,
