@@ -258,7 +258,8 @@ def run_profile(llm, drive, SampleRequest, w: planmod.Workload, vocab: int, trac
     table = trace_dir / "profiler_out_0.txt"
     if table.is_file():
         shutil.copyfile(table, keep / f"{w.name}.profiler_out_0.txt")
-    out = profile_breakdown.breakdown_file(Path(trace), steps)
+    out = profile_breakdown.breakdown_file(Path(trace), steps,
+                                           keep_timeline=keep / f"{w.name}.gpu-timeline.json.gz")
     out.update(context=w.context, batch=w.batch, trace_bytes=Path(trace).stat().st_size)
     return out
 

@@ -116,6 +116,7 @@ def results_from_state(state: dict, command: str | None = None, env: str | None 
                          "context": p.get("context"), "batch": p.get("batch"), "ok": p.get("ok", False),
                          "why": p.get("why"), "steps": p.get("steps"),
                          "gpu_us_per_step": p.get("gpu_us_per_step"), "buckets": p.get("buckets"),
+                         "overlap_us_per_step": p.get("overlap_us_per_step"),
                          "top_kernels": dict(list((p.get("kernels") or {}).items())[:12])})
     meta = {"plan_id": state["plan_id"], "plan": state["plan"],
             "engines": {n: {"starts": e["starts"], "failed": e.get("failed"),
@@ -176,22 +177,48 @@ def markdown(results: dict) -> str:
         out.append("")
     profs = [p for p in results.get("profiles", []) if p.get("buckets")]
     if profs:
-        out += ["### One decode step at 64k (vLLM's worker profiler, GPU kernel time per step)", "",
-                "| model | KV | side | batch | attention µs | indexer logits µs | top-k µs | rest µs | "
-                "attention + indexer + top-k share |", "|---|---|---|---|---|---|---|---|---|"]
-        for p in sorted(profs, key=lambda p: (MODEL_ORDER.get(p["model"], 99), KV_ORDER.get(p["kv_cache"], 99),
-                                              SIDES.index(p["side"]) if p["side"] in SIDES else 99, p["batch"])):
-            b = p["buckets"]
-            share = sum(b[k]["share"] for k in ("attention", "indexer_logits", "topk"))
-            flag = "" if p.get("ok") else f" ({p.get('why')})"
-            out.append(f"| {p['model']} | {p['kv_cache']} | {p['side']} | {p['batch']} | "
-                       f"{b['attention']['us_per_step']:.1f} | {b['indexer_logits']['us_per_step']:.1f} | "
-                       f"{b['topk']['us_per_step']:.1f} | {b['rest']['us_per_step']:.1f} | {share:.0%}{flag} |")
-        out.append("")
+        out += profile_table(profs, rows)
     warns = (results.get("meta") or {}).get("warnings") or []
     if warns:
         out += ["Caveats:", ""] + [f"- {w}" for w in warns] + [""]
     return "\n".join(out)
+
+
+MERGE_KERNEL = "_sparse_mla_merge_kernel"
+
+
+def profile_table(profs: list[dict], rows: list[dict]) -> list[str]:
+    """The profiled decode steps by bucket, with the GPU's busy time beside the step's
+    TPOT (how much of a step is GPU work). Profiles made before the breakdown credited
+    overlapping kernels once (no overlap_us_per_step) summed durations: their attention
+    is marked, with the PDL merge grid's duration and the attention without it."""
+    out = ["### One decode step at 64k (vLLM's worker profiler, GPU kernel time per step)", "",
+           "| model | KV | side | batch | attention µs | indexer logits µs | top-k µs | rest µs | "
+           "attention + indexer + top-k share | GPU busy µs | TPOT p50 µs |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    tpot = {(r["model"], r["side"], r["kv_cache"], r["context"], r["batch"]): r["tpot_p50_ms"] for r in rows}
+    for p in sorted(profs, key=lambda p: (MODEL_ORDER.get(p["model"], 99), KV_ORDER.get(p["kv_cache"], 99),
+                                          SIDES.index(p["side"]) if p["side"] in SIDES else 99, p["batch"])):
+        b = p["buckets"]
+        share = sum(b[k]["share"] for k in ("attention", "indexer_logits", "topk"))
+        flag = "" if p.get("ok") else f" ({p.get('why')})"
+        att = f"{b['attention']['us_per_step']:.1f}"
+        busy = f"{p['gpu_us_per_step']:.0f}" if p.get("gpu_us_per_step") else "-"
+        merge = (p.get("top_kernels") or {}).get(MERGE_KERNEL)
+        if p.get("overlap_us_per_step") is None and merge:
+            mark = f"[{len(notes) + 1}]"
+            att += mark
+            busy = f"≤ {busy}{mark}"
+            notes.append(f"{mark} {p['model']} {p['kv_cache']} {p['side']}: durations summed (made before the "
+                         f"breakdown credited overlapping kernels once); it includes `{MERGE_KERNEL}` at "
+                         f"{merge['us_per_step']:.1f} µs per step, a grid launched with PDL that waits beside the "
+                         f"main grid; attention without it: {b['attention']['us_per_step'] - merge['us_per_step']:.1f} µs.")
+        t = tpot.get((p["model"], p["side"], p["kv_cache"], p["context"], p["batch"]))
+        out.append(f"| {p['model']} | {p['kv_cache']} | {p['side']} | {p['batch']} | {att} | "
+                   f"{b['indexer_logits']['us_per_step']:.1f} | {b['topk']['us_per_step']:.1f} | "
+                   f"{b['rest']['us_per_step']:.1f} | {share:.0%}{flag} | {busy} | "
+                   f"{f'{t * 1000:.0f}' if t else '-'} |")
+    return out + [""] + notes + ([""] if notes else [])
 
 
 def plot(results: dict, path: Path) -> Path:

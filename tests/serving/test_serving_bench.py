@@ -405,10 +405,17 @@ def test_kernel_names_land_in_their_bucket(name, bucket):
     assert pb.classify(name) == bucket
 
 
-def _trace(path: Path, kernels: list[tuple[str, float]]) -> Path:
-    ev = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 999.0}]
-    ev += [{"ph": "X", "cat": "kernel", "name": n, "dur": d} for n, d in kernels]
-    ev.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "dur": 2.0})
+def _trace(path: Path, kernels: list[tuple], gap: float = 1.0) -> Path:
+    """A trace of kernels back to back (gap µs apart); a kernel given as
+    (name, dur, start) starts at that time instead."""
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 999.0}]
+    t = 0.0
+    for k in kernels:
+        n, d = k[0], k[1]
+        start = k[2] if len(k) > 2 else t
+        ev.append({"ph": "X", "cat": "kernel", "name": n, "ts": start, "dur": d})
+        t = max(t, start + d + gap)
+    ev.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": t, "dur": 2.0})
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": ev}, f)
     return path
@@ -423,7 +430,9 @@ def test_a_profiled_window_gives_per_step_buckets(tmp_path):
     assert out["buckets"]["attention"]["us_per_step"] == pytest.approx(30.0)
     assert out["buckets"]["rest"]["us_per_step"] == pytest.approx(38.0 + 2.0 / steps)
     assert sum(b["share"] for b in out["buckets"].values()) == pytest.approx(1.0)
-    assert out["kernels"]["_sparse_mla_fwd_kernel"] == {"bucket": "attention", "count": 4, "us_per_step": 30.0}
+    assert out["kernels"]["_sparse_mla_fwd_kernel"] == {"bucket": "attention", "count": 4, "us_per_step": 30.0,
+                                                        "dur_us_per_step": 30.0}
+    assert out["overlap_us_per_step"] == pytest.approx(0.0)
     gone = pb.breakdown_file(_trace(tmp_path / "x.pt.trace.json.gz", [("nvjet_gemm", 1.0)]), 1)
     assert not gone["ok"] and "attention" in gone["why"]
     with pytest.raises(pb.TraceError, match="no GPU kernel"):
@@ -431,6 +440,33 @@ def test_a_profiled_window_gives_per_step_buckets(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(pb.TraceError):
         pb.breakdown_file(tmp_path / "bad.json", 1)
+
+
+def test_overlapping_kernels_are_not_counted_twice(tmp_path):
+    """A PDL-launched merge grid starts beside the main grid and waits for it: its
+    trace duration covers the main kernel's; only its tail is attention time added."""
+    ks = []
+    t = 0.0
+    for _ in range(2):
+        ks += [("_sparse_mla_fwd_kernel", 57.0, t), ("_sparse_mla_merge_kernel", 59.0, t + 1.0),
+               ("nvjet_gemm", 10.0, t + 61.0), ("_paged_mqa_logits_kernel", 20.0, t + 72.0),
+               ("persistent_topk_kernel", 5.0, t + 93.0)]
+        t += 100.0
+    path = _trace(tmp_path / "p.pt.trace.json.gz", ks)
+    out = pb.breakdown_file(path, 2, keep_timeline=tmp_path / "p.gpu-timeline.json.gz")
+    att = out["buckets"]["attention"]["us_per_step"]
+    assert att == pytest.approx(57.0 + 3.0)  # main grid + the merge's 3 µs tail, not 57 + 59
+    assert out["kernels"]["_sparse_mla_merge_kernel"]["us_per_step"] == pytest.approx(3.0)
+    assert out["kernels"]["_sparse_mla_merge_kernel"]["dur_us_per_step"] == pytest.approx(59.0)
+    assert out["overlap_us_per_step"] == pytest.approx(56.0)
+    busy = sum(b["us_per_step"] for b in out["buckets"].values())
+    assert out["gpu_us_per_step"] == pytest.approx(busy) and busy == pytest.approx(60 + 10 + 20 + 5 + 1)
+    # a kernel wholly inside another still counts as seen (ok), with 0 credited
+    inside = pb.breakdown([("nvjet_gemm", 0.0, 50.0), ("_sparse_mla_fwd_kernel", 5.0, 10.0),
+                           ("_paged_mqa_logits_kernel", 60.0, 5.0), ("topKPerRowDecode", 70.0, 1.0)], 1)
+    assert inside["ok"] and inside["buckets"]["attention"]["us_per_step"] == 0.0
+    # the kept timeline gives the same breakdown without the trace
+    assert pb.breakdown_timeline(tmp_path / "p.gpu-timeline.json.gz") == {k: v for k, v in out.items() if k != "trace"}
 
 
 # ------------------------------------------------------------ results, table, plot
@@ -476,6 +512,19 @@ def test_the_table_pairs_the_sides_with_their_ratio():
     assert "| 64k | 64 | 66,667 | 50,000 | 0.75 | 6,400 | 4,800 | 0.75 | 10.0 | 13.3 | 12.0 | 16.0 |" in md
     assert "| glm5-tiny | bf16 | ours | 64 | 300.0 | 200.0 | 100.0 | 400.0 | 60% |" in md
     assert md == report.markdown(_fixture())
+
+
+def test_profiles_with_summed_durations_are_marked():
+    """A breakdown made before overlapping kernels were credited once (no
+    overlap_us_per_step) is marked in the table, with the PDL merge grid shown apart."""
+    res = _fixture()
+    prof = next(p for p in res["profiles"] if p["side"] == "ours")
+    prof["overlap_us_per_step"] = None
+    prof["top_kernels"] = {report.MERGE_KERNEL: {"bucket": "attention", "count": 3, "us_per_step": 120.0}}
+    md = report.markdown(res)
+    assert "| 300.0[1] |" in md and "attention without it: 180.0 µs" in md
+    prof["overlap_us_per_step"] = 110.0
+    assert "[1]" not in report.markdown(res)
 
 
 def test_the_plot_is_a_deterministic_png(tmp_path):
