@@ -1,5 +1,6 @@
 """The series' own vLLM-style kernel tests (patch 0013,
-tests/kernels/attention/test_triton_{sparse_mla,dsa_indexer}.py of the
+tests/kernels/attention/test_triton_{sparse_mla,dsa_indexer}.py, and the
+DeepSeek-V4 attention's test_triton_sparse_mla_dsv4.py of patch 0016, in the
 patched tree), run on the CPU under the Triton interpreter: each module is
 loaded from the tree with its DEVICE set to "cpu" and its test functions are
 called directly (their CUDA skip marks only apply under pytest collection).
@@ -34,6 +35,11 @@ def _load(tree, name):
 @pytest.fixture(scope="module")
 def attn(vllm_tree):
     return _load(vllm_tree, "test_triton_sparse_mla")
+
+
+@pytest.fixture(scope="module")
+def dsv4(vllm_tree):
+    return _load(vllm_tree, "test_triton_sparse_mla_dsv4")
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +81,44 @@ def test_series_mqa_logits(indexer, fp8_mma):
 @pytest.mark.parametrize("next_n", [1, 2])
 def test_series_paged_mqa_logits(indexer, fp8_mma, next_n):
     indexer.test_paged_mqa_logits(fp8_mma, next_n)
+
+
+F16 = torch.float16
+
+
+@pytest.mark.parametrize("layer,heads,kw", [
+    ("c4", 16, dict(num_tokens=2, window=64, topk=128)),
+    ("c128", 64, dict(num_tokens=1, window=64, c128_len=256)),
+], ids=["c4-16h", "c128-64h"])
+def test_series_dsv4_decode(dsv4, layer, heads, kw):
+    dsv4.test_decode(heads, layer, F16, **kw)
+
+
+@pytest.mark.parametrize("sink", ["mixed", "-inf"])
+def test_series_dsv4_empty_lists(dsv4, sink):
+    dsv4.test_decode_empty_lists(sink)
+
+
+def test_series_dsv4_block_edges_and_splits(dsv4):
+    dsv4.test_decode_block_boundaries(2)
+    dsv4.test_decode_splits_agree(num_heads=16, max_splits=3)
+
+
+def test_series_dsv4_prefill(dsv4):
+    dsv4.test_prefill(16, F16, num_tokens=3, topk=64, window=64, num_splits=2)
+
+
+def test_series_dsv4_tests_can_fail(dsv4):
+    """The V4 attention test rejects a kernel that drops the attention sink."""
+    real = dsv4.sparse_mla_dsv4_decode
+
+    def no_sink(*a, **kw):
+        kw["attn_sink"] = None
+        return real(*a, **kw)
+
+    dsv4.sparse_mla_dsv4_decode = no_sink
+    try:
+        with pytest.raises(AssertionError):
+            dsv4.test_decode(16, "c4", F16, num_tokens=2, window=64, topk=128)
+    finally:
+        dsv4.sparse_mla_dsv4_decode = real
