@@ -6,7 +6,8 @@ marked `slow`. A test is marked here, by what it uses, so no test file has to sa
   slow   needs the real vLLM source: the patched work tree `make patch` makes (the `vllm_tree`
          fixture: selection, explain, the kernels under Triton's interpreter, the backend smoke
          tests), the pinned sdist (SLOW_MODULES: integration; tests/test_docs.py's session
-         transcripts carry the mark themselves) or Triton's compiler (the compile matrix)
+         transcripts carry the mark themselves), Triton's compiler (the compile matrix) or long
+         CPU work (tests/test_v4_tiny_checkpoint.py's full checkpoint, marked there)
 What `make test-fast` keeps runs on temporary git repositories and one local package index.
 
 Fixtures:
@@ -61,8 +62,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (make test-gpu)")
-    config.addinivalue_line("markers", "slow: needs the real vLLM source or Triton's compiler "
-                                       "(make test runs it, make test-fast does not)")
+    config.addinivalue_line("markers", "slow: needs the real vLLM source or Triton's compiler, or "
+                                       "long CPU work (make test runs it, make test-fast does not)")
 
 
 def pytest_collection_modifyitems(config, items):
