@@ -85,7 +85,13 @@ def _derive_model(cfg: dict[str, Any], dtype_name: str) -> dict[str, Any]:
         ModelArchConfigConvertorBase,
     )
 
-    hf = PretrainedConfig(**cfg)
+    # RoPE scaling goes in after construction: transformers 5's PretrainedConfig standardises it in
+    # __init__, before the other fields (max_position_embeddings) are set, and fails there. Nothing
+    # on the selection path reads it.
+    rope = {k: cfg[k] for k in ("rope_scaling", "rope_parameters") if k in cfg}
+    hf = PretrainedConfig(**{k: v for k, v in cfg.items() if k not in rope})
+    for key, value in rope.items():
+        setattr(hf, key, value)
     text = get_hf_text_config(hf)
     conv = ModelArchConfigConvertorBase(hf, text)
     is_mla = bool(conv.is_deepseek_mla())
