@@ -424,7 +424,6 @@ def matrix_text(results: list[dict[str, Any]], tree_desc: str) -> str:
 # depends on them.
 
 DSV4_ENV = "VLLM_DSV4_PORTABLE"
-DSV4_FIELDS = ("attention", "mhc", "o_proj", "cutedsl")
 _DSV4_LABELS = {"flashinfer_sm120": ("with FlashInfer's sm120 kernel", "without FlashInfer's sm120 kernel"),
                 "flashmla": ("vLLM built with FlashMLA", "vLLM built without FlashMLA")}
 _DSV4_ROUTE = "the series' nvidia/portable.py (select_dsv4_mhc_kernels, select_dsv4_o_proj) and nvidia/ops (cutedsl_supported)"
@@ -471,17 +470,17 @@ def _dsv4_attention(case: dict[str, Any], capability: str) -> str:
     notes = [f"backend {a['backend']}"] if a.get("backend") else []
     if a.get("fp8_ds_mla_layout"):
         notes.append("fp8_ds_mla cache")
-    text = f"{a['class']} ({', '.join(notes)}"
+    about = ", ".join(notes)
     if a.get("backend_supports_capability") is False:
-        text += f"; that backend does not support compute capability {capability}"
-    return text + ")" + (f": {a['reason']}" if a.get("reason") else "")
+        about += f"; that backend does not support compute capability {capability}"
+    return a["class"] + (f" ({about})" if about else "") + (f": {a['reason']}" if a.get("reason") else "")
 
 
 def _dsv4_cutedsl(case: dict[str, Any]) -> str | None:
     if case["cutedsl"] is None:
         return None
-    return ("yes: the CuTe DSL compressor and gathers" if case["cutedsl"] else
-            "no: the compressor, gathers and indexer query run their Triton kernels")
+    kind = "CuTe DSL" if case["cutedsl"] else "Triton"
+    return f"{'yes' if case['cutedsl'] else 'no'}: the compressor, gathers and indexer query run their {kind} kernels"
 
 
 def _dsv4_shows(capability: str) -> dict[str, Any]:
