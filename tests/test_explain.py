@@ -52,6 +52,8 @@ DSV3_CONFIG = {k: v for k, v in DSV32_CONFIG.items() if k != "index_topk"} | {
     "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"]}
 LLAMA_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
                 "hidden_size": 4096, "num_attention_heads": 32, "torch_dtype": "bfloat16"}
+# DeepSeek-V4: the tiny checkpoint's config.json (real heads, head size and top-k).
+DSV4_CONFIG = json.loads((REPO_ROOT / "tests" / "e2e" / "models" / "deepseek-v4-tiny" / "config.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,7 @@ def configs(tmp_path_factory):
     d = tmp_path_factory.mktemp("configs")
     out = {}
     for name, cfg in [("glm5", GLM5_CONFIG), ("dsv32", DSV32_CONFIG),
-                      ("dsv3", DSV3_CONFIG), ("llama", LLAMA_CONFIG)]:
+                      ("dsv3", DSV3_CONFIG), ("llama", LLAMA_CONFIG), ("dsv4", DSV4_CONFIG)]:
         (d / f"{name}.json").write_text(json.dumps(cfg))
         out[name] = str(d / f"{name}.json")
     return out
@@ -67,6 +69,14 @@ def configs(tmp_path_factory):
 
 CASES = {
     # name: (model, capability, dtype[, backend])
+    # DeepSeek-V4 first: the MLA answers after it come from a worker that imported V4's model
+    # code, the pristine ones (V4 last there) from one that had not (compared below).
+    "dsv4-8.6": ("deepseek-v4", "8.6", "auto"),
+    "dsv4-9.0": ("deepseek-v4", "9.0", "auto"),
+    "dsv4-12.0": ("deepseek-v4", "12.0", "auto"),
+    "cfg-dsv4-9.0": ("@dsv4", "9.0", "auto"),
+    "dsv4-9.0-explicit": ("deepseek-v4", "9.0", "auto", "TRITON_MLA_SPARSE"),
+    "dsv4-9.0-bad-backend": ("deepseek-v4", "9.0", "auto", "NO_SUCH_BACKEND"),
     "glm5-12.0-fp16": ("glm-5", "12.0", "float16"),
     "glm5-12.0-bf16": ("glm-5", "12.0", "bfloat16"),
     "glm5-8.6-bf16": ("glm-5", "8.6", "bfloat16"),
@@ -91,6 +101,7 @@ CASES = {
 # Compared between the trees (the rest is about the explain layer itself).
 BOTH = ["glm5-12.0-fp16", "glm5-12.0-bf16", "glm5-8.6-bf16", "glm5-9.0-bf16", "dsv32-9.0-bf16",
         "dsv32-12.0-auto", "cfg-dsv3-12.0-bf16", "cfg-dsv3-9.0-bf16"]
+DSV4_BOTH = ["dsv4-8.6", "dsv4-12.0"]
 
 
 def _case(spec, configs):
@@ -105,7 +116,7 @@ def _case(spec, configs):
 def results(vllm_tree, configs):
     """{"patched"|"pristine": {name: raw result}}: one subprocess per tree."""
     pristine = explain.pristine_tree(vllm_tree)
-    jobs = [(vllm_tree, CASES), (pristine, {k: CASES[k] for k in BOTH})]
+    jobs = [(vllm_tree, CASES), (pristine, {k: CASES[k] for k in BOTH + DSV4_BOTH})]
     out = selection.run_selections(
         [(tree, [_case(s, configs) for s in cases.values()])
          for tree, cases in jobs])
@@ -307,3 +318,157 @@ def test_indexer_path_is_the_trees_own_choice(results):
     assert pristine["glm5-9.0-bf16"]["indexer"]["path"] == "deepgemm"
     assert "indexer: portable Triton kernels" in explain.text(patched["glm5-8.6-bf16"], "patched")
     assert "indexer: none" in explain.text(pristine["glm5-8.6-bf16"], "pristine")
+
+
+# --- DeepSeek-V4 ------------------------------------------------------------
+
+V4_CASE_KEYS = {"VLLM_DSV4_PORTABLE", "flashinfer_sm120", "flashmla", "attention", "error", "mhc", "o_proj",
+                "cutedsl"}
+
+
+def _v4_lines(text, prefix):
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+def test_dsv4_text_per_portable_value(results):
+    """One block per VLLM_DSV4_PORTABLE value; in it the attention class with the tree's reason, and
+    the mHC / o_proj reasons, each as the tree's functions answered."""
+    r = results["patched"]["dsv4-8.6"]
+    explain._check(r)
+    text = explain.text(r, "patched")
+    assert text.startswith("tree:  patched\n") and "model_type=deepseek_v4" in text
+    assert "  attention class: vllm/models/deepseek_v4/nvidia/model.py::_select_dsv4_attn_cls\n" in text
+    assert "CUDA MLA backends" not in text and "auto-selection" not in text
+    for env in ("auto", "1", "0"):
+        case = next(c for c in r["dsv4"]["cases"] if c["VLLM_DSV4_PORTABLE"] == env)
+        block = text.split(f"\nVLLM_DSV4_PORTABLE={env}")[1].split("\nVLLM_DSV4_PORTABLE=")[0]
+        a = case["attention"]
+        # on sm86 neither FlashInfer's kernel nor FlashMLA's build changes the answer: no labels
+        assert f"\n  attention: {a['class']} (backend {a['backend']}" in block and block.count("attention") == 1
+        assert a["reason"] in block
+        assert f"\n  mHC: {case['mhc']['reason']}\n" in block
+        assert f"\n  o_proj: {case['o_proj']['reason']}\n" in block
+    assert "that backend does not support compute capability 8.6" in text  # =0 keeps FlashMLA
+    assert "\nindexer: portable Triton kernels" in text
+    assert "tilelang, cutlass DSL and DeepGEMM installed" in text
+
+
+def test_dsv4_text_names_the_inputs_that_matter(results):
+    """Where FlashInfer's sm120 kernel (12.0) or vLLM's FlashMLA build (9.0) changes the pick, each
+    answer is printed with the input it depends on, and only then."""
+    t12 = explain.text(results["patched"]["dsv4-12.0"], "patched")
+    auto12 = t12.split("\nVLLM_DSV4_PORTABLE=auto")[1].split("\nVLLM_DSV4_PORTABLE=1")[0]
+    assert _v4_lines(auto12, "  attention") == [
+        "  attention, with FlashInfer's sm120 kernel: DeepseekV4FlashInferSM120Attention "
+        "(backend FLASHINFER_MLA_SPARSE_DSV4, fp8_ds_mla cache): FlashInfer sm120",
+        "  attention, without FlashInfer's sm120 kernel: DeepseekV4TritonAttention "
+        "(backend TRITON_MLA_SPARSE_DSV4, fp8_ds_mla cache): FlashInfer has no sm120 sparse MLA kernel"]
+    assert "FlashMLA" not in auto12
+    t9 = explain.text(results["patched"]["dsv4-9.0"], "patched")
+    auto9 = t9.split("\nVLLM_DSV4_PORTABLE=auto")[1].split("\nVLLM_DSV4_PORTABLE=1")[0]
+    assert [line.split(":")[0] for line in _v4_lines(auto9, "  attention")] == [
+        "  attention, vLLM built with FlashMLA", "  attention, vLLM built without FlashMLA"]
+    assert "FlashInfer" not in auto9
+
+
+def test_dsv4_explicit_backend(results):
+    """--backend TRITON_MLA_SPARSE reaches the tree's function: where FlashMLA runs, the tree refuses
+    it and points to VLLM_DSV4_PORTABLE=1 (printed as vLLM's error)."""
+    r = results["patched"]["dsv4-9.0-explicit"]
+    text = explain.text(r, "patched")
+    assert ", --backend TRITON_MLA_SPARSE" in text
+    auto = text.split("\nVLLM_DSV4_PORTABLE=auto")[1].split("\nVLLM_DSV4_PORTABLE=1")[0]
+    assert "  attention, vLLM built with FlashMLA: none; vLLM error: " in auto
+    assert "VLLM_DSV4_PORTABLE=1" in auto
+    assert "  attention, vLLM built without FlashMLA: DeepseekV4TritonAttention" in auto
+    with pytest.raises(UsageError, match="Unknown attention backend: 'NO_SUCH_BACKEND'"):
+        explain._check(results["patched"]["dsv4-9.0-bad-backend"])
+
+
+def test_dsv4_config_json_same_as_preset(results):
+    a, b = results["patched"]["cfg-dsv4-9.0"], results["patched"]["dsv4-9.0"]
+    explain._check(a)
+    assert a["dsv4"] == b["dsv4"] and a["indexer"] == b["indexer"]
+    for key in ("model_type", "head_size", "index_topk", "num_attention_heads", "dtype"):
+        assert a["model"][key] == b["model"][key], key
+
+
+@pytest.mark.parametrize("name", DSV4_BOTH)
+def test_dsv4_pristine_tree(results, name):
+    """The pristine tree: upstream's class from its own _select_dsv4_attn_cls, no VLLM_DSV4_PORTABLE
+    and no mHC / o_proj / CuTe DSL choice (the series' route is absent), said so."""
+    pri, pat = results["pristine"][name], results["patched"][name]
+    explain._check(pri)
+    assert not pri["dsv4"]["series_route"] and pat["dsv4"]["series_route"]
+    text = explain.text(pri, "pristine")
+    assert "\nVLLM_DSV4_PORTABLE: not in this tree (the series' switch is absent):\n" in text
+    assert "  mHC, o_proj, CuTe DSL: no choice in this tree: the series' route" in text
+    assert "DeepseekV4TritonAttention" not in text and "\n  mHC: " not in text
+    upstream = {c["attention"]["class"] for c in pri["dsv4"]["cases"]}
+    assert upstream == {"DeepseekV4FlashMLAAttention" if pri["capability"] == "8.6"
+                        else "DeepseekV4FlashInferSM120Attention"}
+    # VLLM_DSV4_PORTABLE=0 of the patched tree is pristine's choice
+    assert {c["attention"]["class"] for c in pat["dsv4"]["cases"] if c["VLLM_DSV4_PORTABLE"] == "0"} == upstream
+    assert "\nindexer: none" in text if pri["capability"] == "8.6" else "\nindexer: DeepGEMM" in text
+
+
+def test_dsv4_matrix_text(results):
+    rs = [results["patched"][k] for k in ("dsv4-8.6", "dsv4-9.0", "dsv4-12.0")]
+    text = explain.matrix_text(rs, "patched")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0] == "| cc | VLLM_DSV4_PORTABLE | attention | mHC, o_proj, compressor |"
+    assert len(rows) == 1 + 3 * 3
+    assert "| 8.6 | 0 | FlashMLA (its backend: not 8.6) |" in text
+    assert ("| 9.0 | auto | FlashMLA (vLLM built with FlashMLA) / Triton (vLLM built without FlashMLA) |"
+            in text)
+    for r in rs:
+        assert f"| {r['capability']} | 1 | Triton | mHC torch/Triton, o_proj bf16, compressor Triton |" in text
+
+
+def test_dsv4_variants_label_only_inputs_that_change_the_answer():
+    """dsv4_variants (no tree): an input is named only where two cases differing in it alone answer
+    differently."""
+    def case(fi, fm, cls):
+        return {"VLLM_DSV4_PORTABLE": "auto", "flashinfer_sm120": fi, "flashmla": fm, "cls": cls}
+
+    same = [case(fi, fm, "A") for fi in (True, False) for fm in (True, False)]
+    assert explain.dsv4_variants(same, lambda c: c["cls"]) == [([], "A")]
+    by_fm = [case(fi, fm, "A" if fm else "B") for fi in (True, False) for fm in (True, False)]
+    assert explain.dsv4_variants(by_fm, lambda c: c["cls"]) == [
+        (["vLLM built with FlashMLA"], "A"), (["vLLM built without FlashMLA"], "B")]
+    no_fi = [case(None, fm, "A") for fm in (True, False)]
+    assert explain.dsv4_variants(no_fi, lambda c: c["cls"]) == [([], "A")]
+
+
+def test_cli_dsv4_json(vllm_tree):
+    """--json for DeepSeek-V4: the cell, the model, the tree's functions and every case asked."""
+    res = _cli(vllm_tree, "--model", "deepseek-v4", "--capability", "8.9", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["tree"].startswith("patched work tree") and data["capability"] == "8.9"
+    assert data["model"]["model_type"] == "deepseek_v4" and "selected" not in data
+    d = data["dsv4"]
+    assert set(d) == {"selector", "series_route", "inputs", "cases", "stand_ins"}
+    assert d["selector"] == "vllm.models.deepseek_v4.nvidia.model._select_dsv4_attn_cls"
+    assert len(d["cases"]) == 3 * 2 * 2
+    for c in d["cases"]:
+        assert set(c) == V4_CASE_KEYS
+        assert set(c["attention"]) == {"class", "reason", "backend", "backend_supports_capability",
+                                       "fp8_ds_mla_layout"}
+        assert set(c["mhc"]) == {"kernels", "reason"} and set(c["o_proj"]) == {"path", "reason"}
+        assert isinstance(c["cutedsl"], bool)
+    auto = [c for c in d["cases"] if c["VLLM_DSV4_PORTABLE"] == "auto"]
+    assert {c["attention"]["class"] for c in auto} == {"DeepseekV4TritonAttention"}
+    assert all(c["cutedsl"] for c in auto)  # sm89: the CuTe DSL compressor runs
+    assert data["indexer"]["path"] == "deepgemm" or data["indexer"]["path"] == "triton"
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--dtype", "float16"], "--dtype do not enter DeepSeek-V4"),
+    (["--kv-cache-dtype", "fp8", "--tp", "8"], "--kv-cache-dtype, --tp do not enter DeepSeek-V4"),
+    (["--heads", "16"], "--heads do not enter DeepSeek-V4"),
+])
+def test_cli_dsv4_refuses_options_it_does_not_read(vllm_tree, args, msg):
+    res = _cli(vllm_tree, "--model", "deepseek-v4", "--capability", "9.0", *args)
+    assert res.exit_code == 2, res.output
+    assert msg in res.output

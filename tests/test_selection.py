@@ -24,6 +24,19 @@ upstream pick: every expectation is pristine's answer plus the policy:
   P4  --attention-backend TRITON_MLA_SPARSE validates and is selected
       wherever our kernel can run; elsewhere it is refused with reasons.
 
+DeepSeek-V4 picks its kernels itself (nvidia/model.py::_select_dsv4_attn_cls, and with the
+series nvidia/portable.py and ops.cutedsl_supported), asked per capability with every value of
+VLLM_DSV4_PORTABLE, with and without FlashInfer's sm120 kernel and vLLM's FlashMLA build:
+
+  V1  VLLM_DSV4_PORTABLE=auto: pristine's class where its kernel is there (its backend supports
+      the capability, and FlashMLA is built / FlashInfer has its sm120 kernel), else
+      DeepseekV4TritonAttention; mHC and o_proj keep TileLang/DeepGEMM from sm90 (they are
+      installed), the portable ones below; the CuTe DSL compressor from sm89
+  V2  VLLM_DSV4_PORTABLE=1: the Triton class and the portable mHC, o_proj and compressor everywhere
+  V3  VLLM_DSV4_PORTABLE=0: pristine's class everywhere, upstream's mHC and o_proj
+  V4  --attention-backend TRITON_MLA_SPARSE names the Triton class where it is picked anyway
+      (or forced by =1); elsewhere the tree refuses and points to VLLM_DSV4_PORTABLE
+
 "Our kernel can run" (ours_can_run) is the kernel's contract, not an
 observation: compute capability >= 8.0, and either a 16-bit KV cache in the
 model dtype (kv "auto", or the model dtype named explicitly) or an fp8 cache
@@ -32,6 +45,7 @@ model dtype (kv "auto", or the model dtype named explicitly) or an fp8 cache
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -70,6 +84,9 @@ AUTO_CELLS = S.matrix_cells() + EXTRA
 EXPLICIT_CELLS = S.matrix_cells(backend=OURS) + [
     S.Cell(c.preset, c.capability, c.dtype, c.kv_cache_dtype, heads=c.heads, backend=OURS, config=c.config)
     for c in EXTRA]
+DSV4 = "deepseek-v4"
+DSV4_CELLS = explain.matrix_cells(DSV4)
+DSV4_EXPLICIT_CELLS = explain.matrix_cells(DSV4, backend=OURS)
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +98,17 @@ def trees(vllm_tree):
     across cells (vLLM caches a lot with functools) would show up as a
     difference between the two passes."""
     pristine_tree = explain.pristine_tree(vllm_tree)
+    # DeepSeek-V4's cells last: its query imports the V4 model code, after every MLA answer
     patched, pristine = S.run_selections(
-        [(vllm_tree, AUTO_CELLS + EXPLICIT_CELLS),
-         (pristine_tree, AUTO_CELLS + AUTO_CELLS[::-1])])
-    n = len(AUTO_CELLS)
-    first, second = pristine[:n], pristine[n:][::-1]
-    return {"patched": {_key(r): r for r in patched},
+        [(vllm_tree, AUTO_CELLS + EXPLICIT_CELLS + DSV4_CELLS + DSV4_EXPLICIT_CELLS),
+         (pristine_tree, AUTO_CELLS + AUTO_CELLS[::-1] + DSV4_CELLS)])
+    n, m = len(AUTO_CELLS), len(AUTO_CELLS) + len(EXPLICIT_CELLS)
+    first, second = pristine[:n], pristine[n:2 * n][::-1]
+    return {"patched": {_key(r): r for r in patched[:m]},
             "pristine": {_key(r): r for r in first},
-            "pristine_second_pass": {_key(r): r for r in second}}
+            "pristine_second_pass": {_key(r): r for r in second},
+            "dsv4_patched": {_key(r): r for r in patched[m:]},
+            "dsv4_pristine": {_key(r): r for r in pristine[2 * n:]}}
 
 
 def _ids(cells):
@@ -246,3 +266,134 @@ def test_readme_selection_table(trees, update_docs):
     readme = REPO_ROOT / "README.md"
     doctext.check_or_update(readme, "the selection table", doctext.section(readme, "selection table"), first,
                             update_docs, lambda: doctext.write_section(readme, "selection table", first))
+
+
+# --------------------------------------------------------------------------- DeepSeek-V4
+
+TRITON_V4 = "DeepseekV4TritonAttention"
+V4_ENVS = ["auto", "1", "0"]
+# What each upstream class needs besides a capability its backend supports (the inputs asked).
+V4_NEEDS = {"DeepseekV4FlashMLAAttention": "flashmla", "DeepseekV4FlashInferSM120Attention": "flashinfer_sm120"}
+
+
+def _v4(trees, side, cell):
+    r = trees[f"dsv4_{side}"][_key(cell)]
+    assert "input_error" not in r, r.get("input_error")
+    return r
+
+
+def _v4_case(r, env, flashinfer_sm120, flashmla):
+    return next(c for c in r["dsv4"]["cases"] if (c["VLLM_DSV4_PORTABLE"], c["flashinfer_sm120"], c["flashmla"])
+                == (env, flashinfer_sm120, flashmla))
+
+
+def _v4_ids(cells):
+    return [f"{c.capability}" + (f"-{c.backend}" if c.backend else "") for c in cells]
+
+
+def test_dsv4_every_capability_answered(trees):
+    """Both trees answer DeepSeek-V4 through its own functions, each input asked both ways where
+    the tree reads it; the pristine tree has no VLLM_DSV4_PORTABLE and none of the series' route."""
+    assert [c.capability for c in DSV4_CELLS] == S.CAPABILITIES
+    for cell in DSV4_CELLS:
+        pat, pri = _v4(trees, "patched", cell), _v4(trees, "pristine", cell)
+        for r in (pat, pri):
+            assert r["model"]["model_type"] == "deepseek_v4" and r["model"]["head_size"] == 512
+            assert "selected" not in r and "priority" not in r  # not vLLM's backend selector
+            assert r["dsv4"]["selector"].endswith("nvidia.model._select_dsv4_attn_cls")
+        assert pat["dsv4"]["series_route"] and not pri["dsv4"]["series_route"]
+        assert pat["dsv4"]["inputs"] == {"VLLM_DSV4_PORTABLE": V4_ENVS, "flashinfer_sm120": [True, False],
+                                         "flashmla": [True, False]}
+        assert pri["dsv4"]["inputs"] == {"VLLM_DSV4_PORTABLE": [None], "flashinfer_sm120": [None],
+                                         "flashmla": [True, False]}
+        assert len(pat["dsv4"]["cases"]) == 12 and len(pri["dsv4"]["cases"]) == 2
+        for c in pri["dsv4"]["cases"]:
+            assert c["attention"]["class"] != TRITON_V4 and c["attention"]["reason"] is None
+            assert c["mhc"] is None and c["o_proj"] is None and c["cutedsl"] is None
+        for c in pat["dsv4"]["cases"]:
+            assert c["attention"] and c["error"] is None and c["attention"]["reason"]
+            assert c["attention"]["fp8_ds_mla_layout"]
+
+
+def _upstream_runs(pristine_case, case) -> bool:
+    """Whether pristine's class has its kernel on this GPU with this case's inputs."""
+    a = pristine_case["attention"]
+    need = V4_NEEDS.get(a["class"])
+    return a["backend_supports_capability"] and (need is None or case[need])
+
+
+@pytest.mark.parametrize("cell", DSV4_CELLS, ids=_v4_ids(DSV4_CELLS))
+def test_dsv4_policy(trees, cell):
+    pat, pri = _v4(trees, "patched", cell), _v4(trees, "pristine", cell)
+    major_minor = tuple(int(x) for x in cell.capability.split("."))
+    for c in pat["dsv4"]["cases"]:
+        upstream = _v4_case(pri, None, None, c["flashmla"])
+        got, theirs = c["attention"]["class"], upstream["attention"]["class"]
+        portable_mhc = set(c["mhc"]["kernels"].values()) <= {"torch", "triton"}
+        if c["VLLM_DSV4_PORTABLE"] == "1":  # V2
+            assert got == TRITON_V4
+            assert portable_mhc and c["o_proj"]["path"] == "bf16" and c["cutedsl"] is False
+            continue
+        if c["VLLM_DSV4_PORTABLE"] == "0":  # V3
+            assert got == theirs
+            assert set(c["mhc"]["kernels"].values()) == {"tilelang"} and c["o_proj"]["path"] == "deep_gemm"
+        else:  # V1
+            assert got == (theirs if _upstream_runs(upstream, c) else TRITON_V4), c
+            assert portable_mhc == (major_minor < (9, 0)), c["mhc"]
+            assert c["o_proj"]["path"] == ("bf16" if major_minor < (9, 0) else "deep_gemm"), c["o_proj"]
+        assert c["cutedsl"] is (major_minor >= (8, 9))
+
+
+@pytest.mark.parametrize("cell", DSV4_EXPLICIT_CELLS, ids=_v4_ids(DSV4_EXPLICIT_CELLS))
+def test_dsv4_explicit_triton(trees, cell):  # V4
+    r = _v4(trees, "patched", cell)
+    auto = _v4(trees, "patched", dataclasses.replace(cell, backend=None))
+    for c in r["dsv4"]["cases"]:
+        env = c["VLLM_DSV4_PORTABLE"]
+        picked = _v4_case(auto, env, c["flashinfer_sm120"], c["flashmla"])["attention"]["class"]
+        if picked == TRITON_V4:
+            assert c["attention"]["class"] == TRITON_V4 and c["error"] is None
+        else:
+            assert c["attention"] is None and f"VLLM_DSV4_PORTABLE={'0' if env == '0' else '1'}" in c["error"]
+
+
+def dsv4_selection_table(trees) -> list[str]:
+    """The README's DeepSeek-V4 table: a row per capability; per VLLM_DSV4_PORTABLE value the
+    attention class (bold where it is not pristine's) and the mHC, o_proj and compressor route;
+    pristine's class; and what proves the row beyond selection."""
+    def att(r, cases, pristine_classes):
+        def show(c):
+            pick = explain.dsv4_short_pick(c, r["capability"])
+            return pick if c["attention"]["class"] in pristine_classes else f"**{pick}**"
+        return " / ".join(f"{v} ({', '.join(labels)})" if labels else v
+                          for labels, v in explain.dsv4_variants(cases, show))
+
+    out = ["| capability | " + " | ".join(f"`VLLM_DSV4_PORTABLE={e}`" for e in V4_ENVS)
+           + " | pristine | proven at |", "|---|" + "---|" * (len(V4_ENVS) + 2)]
+    for cell in DSV4_CELLS:
+        pat, pri = _v4(trees, "patched", cell), _v4(trees, "pristine", cell)
+        pristine_classes = {c["attention"]["class"] for c in pri["dsv4"]["cases"]}
+        cells = []
+        for env, cases in explain.dsv4_groups(pat):
+            route = " / ".join(f"{v} ({', '.join(labels)})" if labels else v
+                               for labels, v in explain.dsv4_variants(cases, explain.dsv4_short_route))
+            cells.append(f"{att(pat, cases, pristine_classes)}; {route}")
+        (_, pri_cases), = explain.dsv4_groups(pri)
+        cells.append(att(pri, pri_cases, pristine_classes))
+        triton = any(c["attention"]["class"] == TRITON_V4 for c in pat["dsv4"]["cases"])
+        # the V4 kernel tests ran on an H200 (tests/gpu/results/v4/): sm90 only
+        cells.append("selection; Triton attention kernel and e4m3 encoder: H200"
+                     if triton and cell.capability == "9.0" else "selection only")
+        out.append(f"| {cell.capability} | " + " | ".join(cells) + " |")
+    return out
+
+
+def test_readme_dsv4_selection_table(trees, update_docs):
+    """README.md's DeepSeek-V4 table is what both trees' own functions answer."""
+    import doctext
+    from gitfixtures import REPO_ROOT
+
+    table = dsv4_selection_table(trees)
+    readme = REPO_ROOT / "README.md"
+    doctext.check_or_update(readme, "the DeepSeek-V4 selection table", doctext.section(readme, "dsv4 selection table"),
+                            table, update_docs, lambda: doctext.write_section(readme, "dsv4 selection table", table))

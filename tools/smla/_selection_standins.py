@@ -42,9 +42,12 @@ compute capability":
   hf_text_config (a plain transformers PretrainedConfig with the config's
   fields), dtype and use_mla: what the selection path reads.  use_mla,
   use_sparse, head size and dtype "auto" are derived by the tree's own code.
+- DeepSeek-V4 (its CUDA model picks its kernels itself): the section at the
+  end of this file (import_dsv4, dsv4_inputs).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -252,3 +255,127 @@ def set_capability(text: str):
     platform_cls.get_device_name = classmethod(
         lambda cls, device_id=0: "selection-harness stand-in GPU")
     return cap
+
+
+# --------------------------------------------------------------------------
+# DeepSeek-V4: its CUDA model picks its own kernels (not vLLM's backend selector)
+# --------------------------------------------------------------------------
+#
+# The DeepSeek-V4 query (smla explain --model deepseek-v4) imports the tree's CUDA model module,
+# whose _select_dsv4_attn_cls picks the attention class, and with the series (nvidia/portable.py,
+# ops.cutedsl_supported) the mHC, output-projection and CuTe DSL routes. What it needs beyond the
+# stand-ins above, each undone once its step is over (the model imported; a case answered):
+#
+# - vllm._custom_ops.cutlass_scaled_mm_supports_* call compiled _C ops while the quantization
+#   utilities import (module-level constants): they answer False during the import. They choose
+#   linear-layer kernels; none of the selectors explain runs reads them.
+# - The kernel packages of the official wheel with vLLM's CUDA requirements count as installed:
+#   tilelang and cutlass (nvidia-cutlass-dsl), both in requirements/cuda.txt, and DeepGEMM
+#   (vendored into the wheel): has_tilelang / has_cutedsl / has_deep_gemm answer True where the
+#   selectors ask. Their arch checks (has_device_capability, support_deep_gemm) are the tree's own.
+# - Two inputs, asked both ways: FlashInfer's sm120 sparse-MLA kernel (has_flashinfer_sparse_mla_sm120
+#   in the model module, where the tree asks for it) and vLLM's FlashMLA build (the flags
+#   vllm.v1.attention.ops.flashmla sets from importing vllm._flashmla_C / _flashmla_extension_C;
+#   its is_flashmla_sparse_supported then adds its own capability check). VLLM_DSV4_PORTABLE
+#   is set in the environment for each value the tree's vllm.envs knows.
+DSV4_MODEL = "vllm.models.deepseek_v4.nvidia.model"
+DSV4_PORTABLE = "vllm.models.deepseek_v4.nvidia.portable"
+DSV4_OPS = "vllm.models.deepseek_v4.nvidia.ops"
+DSV4_ENV = "VLLM_DSV4_PORTABLE"
+_FLASHMLA_OPS = "vllm.v1.attention.ops.flashmla"
+_DEEP_GEMM_UTILS = "vllm.utils.deep_gemm"
+_CUTLASS_NOTE = ("vllm._custom_ops.cutlass_scaled_mm_supports_* (compiled _C queries run at import: "
+                 "answer False; no selector explain runs reads them)")
+_DSV4_PACKAGES_NOTE = ("DeepSeek-V4 kernel packages (official wheel + CUDA requirements: tilelang, cutlass "
+                       "DSL and vendored DeepGEMM count as installed; FlashMLA's build and FlashInfer's "
+                       "sm120 kernel asked both ways)")
+
+
+def import_dsv4() -> types.SimpleNamespace:
+    """Import the tree's DeepSeek-V4 CUDA model (after import_vllm_tree with a capability).
+
+    Returns the modules the query calls: model (its _select_dsv4_attn_cls), portable (the series'
+    nvidia/portable.py, None where the tree has none), ops (nvidia/ops, with the series'
+    cutedsl_supported), flashmla (the FlashMLA flags) and deep_gemm (vllm.utils.deep_gemm); and
+    stand_ins, the DeepSeek-V4 stand-ins (named in DeepSeek-V4 results only).
+    Raises ImportError where the tree has no DeepSeek-V4 model code."""
+    import vllm._custom_ops as custom_ops
+
+    saved = {name: getattr(custom_ops, name) for name in dir(custom_ops)
+             if name.startswith("cutlass_") and "_supports_" in name}
+    for name in saved:
+        setattr(custom_ops, name, lambda *args, **kwargs: False)
+    try:
+        model = importlib.import_module(DSV4_MODEL)
+    finally:
+        for name, fn in saved.items():
+            setattr(custom_ops, name, fn)
+    try:
+        portable = importlib.import_module(DSV4_PORTABLE)
+    except ModuleNotFoundError as exc:
+        if exc.name != DSV4_PORTABLE:
+            raise
+        portable = None
+    return types.SimpleNamespace(model=model, portable=portable, ops=importlib.import_module(DSV4_OPS),
+                                 flashmla=importlib.import_module(_FLASHMLA_OPS),
+                                 deep_gemm=importlib.import_module(_DEEP_GEMM_UTILS),
+                                 stand_ins=([_CUTLASS_NOTE] if saved else []) + [_DSV4_PACKAGES_NOTE])
+
+
+def dsv4_has_env() -> bool:
+    """Whether the tree's vllm.envs knows VLLM_DSV4_PORTABLE (the series' switch)."""
+    import vllm.envs as envs
+
+    return DSV4_ENV in getattr(envs, "environment_variables", {})
+
+
+def dsv4_has_flashinfer_input(mods: types.SimpleNamespace) -> bool:
+    """Whether the tree's attention choice asks FlashInfer for its sm120 sparse-MLA kernel."""
+    return hasattr(mods.model, "has_flashinfer_sparse_mla_sm120")
+
+
+def _dsv4_caches(mods: types.SimpleNamespace) -> list:
+    """The functools caches of the selectors the query calls (cleared around each case)."""
+    fns = [getattr(mods.deep_gemm, "is_deep_gemm_supported", None), getattr(mods.ops, "cutedsl_supported", None)]
+    if mods.portable is not None:
+        fns += [getattr(mods.portable, "select_dsv4_mhc_kernels", None),
+                getattr(mods.portable, "select_dsv4_o_proj", None)]
+    return [fn for fn in fns if hasattr(fn, "cache_clear")]
+
+
+@contextlib.contextmanager
+def dsv4_inputs(mods: types.SimpleNamespace, portable_env: str | None, flashinfer_sm120: bool | None,
+                flashmla: bool):
+    """One DeepSeek-V4 case: VLLM_DSV4_PORTABLE (None: unset), FlashInfer's sm120 kernel (None: not
+    asked by the tree) and vLLM's FlashMLA build, plus the installed packages; all undone after."""
+    patches = [(mods.flashmla, "_flashmla_C_AVAILABLE", flashmla),
+               (mods.flashmla, "_flashmla_extension_C_AVAILABLE", flashmla),
+               (mods.deep_gemm, "has_deep_gemm", lambda: True)]
+    if flashinfer_sm120 is not None:
+        patches.append((mods.model, "has_flashinfer_sparse_mla_sm120", lambda: flashinfer_sm120))
+    if mods.portable is not None and hasattr(mods.portable, "has_tilelang"):
+        patches.append((mods.portable, "has_tilelang", lambda: True))
+    if hasattr(mods.ops, "has_cutedsl"):
+        patches.append((mods.ops, "has_cutedsl", lambda: True))
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    saved_env = os.environ.get(DSV4_ENV)
+    for obj, name, value in patches:
+        setattr(obj, name, value)
+    if portable_env is None:
+        os.environ.pop(DSV4_ENV, None)
+    else:
+        os.environ[DSV4_ENV] = portable_env
+    caches = _dsv4_caches(mods)
+    for fn in caches:
+        fn.cache_clear()
+    try:
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+        if saved_env is None:
+            os.environ.pop(DSV4_ENV, None)
+        else:
+            os.environ[DSV4_ENV] = saved_env
+        for fn in caches:
+            fn.cache_clear()

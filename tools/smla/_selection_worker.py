@@ -22,6 +22,13 @@ is a SimpleNamespace with hf_config / hf_text_config (a plain transformers
 PretrainedConfig with the config's fields), dtype and use_mla: what the
 selection path reads. use_mla, use_sparse, head size and dtype "auto" are
 derived by the tree's own code.
+
+DeepSeek-V4 (model_type deepseek_v4) is asked differently: its CUDA model picks
+its attention class itself (nvidia/model.py::_select_dsv4_attn_cls), not through
+vLLM's backend selector, and with the series its mHC, output projection and
+CuTe DSL routes too (nvidia/portable.py, nvidia/ops); answer_dsv4 calls those
+functions of the tree for each value of their inputs (the stand-ins for them:
+_selection_standins.import_dsv4 / dsv4_inputs).
 """
 from __future__ import annotations
 
@@ -43,6 +50,9 @@ if __name__ == "__main__" and sys.path and sys.path[0] and \
     del sys.path[0]
 
 MARKER = "@@SMLA-JSON@@"
+# DeepSeek-V4's model_type: its CUDA model picks its attention class itself
+# (nvidia/model.py::_select_dsv4_attn_cls), outside vLLM's backend selector.
+DSV4_MODEL_TYPE = "deepseek_v4"
 
 if __package__:  # imported from smla (in-process: import_vllm_tree)
     from smla import _selection_standins as standins
@@ -55,6 +65,7 @@ else:  # run by path, the child: load the stand-ins beside this file (smla's dir
     sys.modules[_spec.name] = standins
     _spec.loader.exec_module(standins)
 COMPILED, FLASHINFER = standins.COMPILED, standins.FLASHINFER
+DSV4_ENV = standins.DSV4_ENV
 import_vllm_tree, install_stand_ins, set_capability = (
     standins.import_vllm_tree, standins.install_stand_ins, standins.set_capability)
 
@@ -85,7 +96,13 @@ def _derive_model(cfg: dict[str, Any], dtype_name: str) -> dict[str, Any]:
         ModelArchConfigConvertorBase,
     )
 
-    hf = PretrainedConfig(**cfg)
+    # RoPE scaling goes in after construction: transformers 5's PretrainedConfig standardises it in
+    # __init__, before the other fields (max_position_embeddings) are set, and fails there. Nothing
+    # on the selection path reads it.
+    rope = {k: cfg[k] for k in ("rope_scaling", "rope_parameters") if k in cfg}
+    hf = PretrainedConfig(**{k: v for k, v in cfg.items() if k not in rope})
+    for key, value in rope.items():
+        setattr(hf, key, value)
     text = get_hf_text_config(hf)
     conv = ModelArchConfigConvertorBase(hf, text)
     is_mla = bool(conv.is_deepseek_mla())
@@ -194,6 +211,8 @@ class _Selection:
         hf, text = model.pop("hf_config"), model.pop("hf_text_config")
         dtype = model.pop("torch_dtype")
         res["model"] = model
+        if model["model_type"] == DSV4_MODEL_TYPE:
+            return self.answer_dsv4(res, c, cap)
         if not model["use_mla"]:
             res["not_mla"] = True
             return res
@@ -275,6 +294,83 @@ class _Selection:
                 res["kv_cache_dtype_used"] = kv
             res["indexer"] = self._indexer_facts()
         return res
+
+    # ----------------------------------------------------------------------
+    # DeepSeek-V4
+    # ----------------------------------------------------------------------
+
+    def answer_dsv4(self, res: dict[str, Any], c: dict[str, Any], cap) -> dict[str, Any]:
+        """DeepSeek-V4 at the mocked capability: for every value of VLLM_DSV4_PORTABLE the tree
+        knows, with and without FlashInfer's sm120 kernel (where the tree asks for it) and vLLM's
+        FlashMLA build, the attention class the tree's _select_dsv4_attn_cls picks (and the
+        reason, where the tree gives one), or its error; and the mHC / o_proj / CuTe DSL routes
+        of the tree's own selectors (None where the tree has none: no series)."""
+        if not hasattr(self, "dsv4"):
+            try:
+                self.dsv4 = standins.import_dsv4()
+                self.dsv4_error = None
+            except ImportError as e:
+                self.dsv4, self.dsv4_error = None, f"{type(e).__name__}: {e}"
+        if self.dsv4 is None:
+            res["input_error"] = ("this tree's DeepSeek-V4 CUDA model does not import here "
+                                  f"({standins.DSV4_MODEL}): {self.dsv4_error}")
+            return res
+        try:
+            backend_enum = self.Enum[c["backend"]] if c["backend"] else None
+        except (KeyError, ValueError) as e:
+            res["input_error"] = (str(e) if isinstance(e, ValueError) else
+                                  f"Unknown attention backend: {c['backend']!r}")
+            return res
+        mods = self.dsv4
+        envs = ["auto", "1", "0"] if standins.dsv4_has_env() else [None]
+        flashinfer = [True, False] if standins.dsv4_has_flashinfer_input(mods) else [None]
+        cases = []
+        for env in envs:
+            for fi in flashinfer:
+                for flashmla in (True, False):
+                    with standins.dsv4_inputs(mods, env, fi, flashmla), \
+                            contextlib.redirect_stdout(io.StringIO()):
+                        case = {DSV4_ENV: env, "flashinfer_sm120": fi, "flashmla": flashmla}
+                        case.update(self._dsv4_case(mods, cap, backend_enum))
+                    cases.append(case)
+        res["dsv4"] = {
+            "selector": f"{standins.DSV4_MODEL}._select_dsv4_attn_cls",
+            "series_route": mods.portable is not None,
+            "inputs": {DSV4_ENV: envs, "flashinfer_sm120": flashinfer, "flashmla": [True, False]},
+            "cases": cases,
+            "stand_ins": list(mods.stand_ins),
+        }
+        res["indexer"] = self._indexer_facts()
+        return res
+
+    def _dsv4_case(self, mods, cap, backend_enum) -> dict[str, Any]:
+        vllm_config = self.VllmConfig(attention_config=self.AttentionConfig(backend=backend_enum))
+        out: dict[str, Any] = {"attention": None, "error": None}
+        try:
+            cls = mods.model._select_dsv4_attn_cls(vllm_config)
+        except ValueError as e:
+            out["error"] = str(e)
+        else:
+            why = getattr(mods.model, "_dsv4_attn_cls_and_reason", None)
+            backend_cls = getattr(cls, "backend_cls", None)
+            out["attention"] = {
+                "class": cls.__name__,
+                "reason": why(vllm_config)[1] if why is not None else None,
+                "backend": backend_cls.get_name() if backend_cls is not None else None,
+                "backend_supports_capability": (bool(backend_cls.supports_compute_capability(cap))
+                                                if backend_cls is not None else None),
+                "fp8_ds_mla_layout": bool(getattr(cls, "use_fp8_ds_mla_layout", False)),
+            }
+        out["mhc"] = out["o_proj"] = None
+        if mods.portable is not None:
+            kernels, why = mods.portable.select_dsv4_mhc_kernels()
+            out["mhc"] = {"kernels": {f: getattr(kernels, f).__module__.rsplit(".", 1)[-1]
+                                      for f in kernels._fields}, "reason": why}
+            path, why = mods.portable.select_dsv4_o_proj()
+            out["o_proj"] = {"path": path, "reason": why}
+        supported = getattr(mods.ops, "cutedsl_supported", None)
+        out["cutedsl"] = bool(supported()) if supported is not None else None
+        return out
 
     def _indexer_facts(self) -> dict[str, Any]:
         """Which kernels the tree's DSA indexer would run at the mocked

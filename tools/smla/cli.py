@@ -393,7 +393,7 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
 
 @main.command()
 @click.option("--model", required=True, metavar="PRESET|CONFIG.json",
-              help="A preset (glm-5, deepseek-v3.2) or a HuggingFace config.json.")
+              help="A preset (glm-5, deepseek-v3.2, deepseek-v4) or a HuggingFace config.json.")
 @click.option("--capability", default=None, metavar="MAJOR.MINOR|auto",
               help="CUDA compute capability, e.g. 12.0, 9.0, 8.6; auto = this machine's GPU.")
 @click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float16", "bfloat16"]),
@@ -419,7 +419,9 @@ def explain(c: Ctx, model, capability, dtype, kv_cache_dtype, heads, tp, tree_sp
 
     Runs the tree's own selection code (mocked CUDA capability, stand-ins for
     compiled modules): every backend of the CUDA priority list, valid or not
-    with vLLM's reasons, then the auto-selection or vLLM's error. See docs/explain.md.
+    with vLLM's reasons, then the auto-selection or vLLM's error. DeepSeek-V4
+    picks its kernels itself: its attention class, mHC, o_proj and CuTe DSL
+    routes per VLLM_DSV4_PORTABLE value. See docs/explain.md.
     """
     from smla import explain as explain_mod
 

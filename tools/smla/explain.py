@@ -11,10 +11,13 @@ smla-base) of the same repository, exported once into the cache
 (<cache>/trees/<base commit>/vllm); anything else is a path to a vLLM
 source tree.
 
-Models: a preset of smla.selection.PRESETS, or a HuggingFace config.json
+Models: a preset of smla.selection.MODEL_PRESETS, or a HuggingFace config.json
 (use_mla / use_sparse / head size / dtype "auto" are derived by the tree's
 own code from it). Configs that vLLM does not run with MLA are refused: the
 toolkit covers the MLA (and above all the sparse, DSA) backends only.
+DeepSeek-V4 (selection.is_dsv4) is answered by its own query: its CUDA model
+picks its attention kernels itself, from the GPU, VLLM_DSV4_PORTABLE and
+the kernels installed, so the model dtype, KV-cache dtype and heads are no input.
 """
 from __future__ import annotations
 
@@ -71,14 +74,14 @@ def _gpu_capability() -> str:
 
 def load_model(spec: str) -> tuple[str, str | None]:
     """(label, config JSON text or None) for a preset name or a config.json path."""
-    if spec in selection.PRESETS:
+    if spec in selection.MODEL_PRESETS:
         return spec, None
     path = Path(spec)
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
     if not path.is_file():
         raise UsageError(f"--model {spec!r}: neither a preset nor a config.json file",
-                         hint="presets: " + ", ".join(selection.PRESETS)
+                         hint="presets: " + ", ".join(selection.MODEL_PRESETS)
                               + "; or the path to a HuggingFace config.json")
     try:
         data = json.loads(path.read_text())
@@ -105,6 +108,13 @@ def cell(model: str, capability: str, dtype: str = "auto", *, kv_cache_dtype: st
     if heads is not None and tp != 1:
         raise UsageError("give --heads (per GPU) or --tp, not both")
     label, config = load_model(model)
+    if _is_dsv4(label, config):
+        given = [name for name, on in (("--dtype", dtype != "auto"), ("--kv-cache-dtype", kv_cache_dtype != "auto"),
+                                       ("--heads", heads is not None), ("--tp", tp != 1)) if on]
+        if given:
+            raise UsageError(f"{label}: {', '.join(given)} do not enter DeepSeek-V4's choice of kernels (its CUDA "
+                             "model picks them from the GPU, VLLM_DSV4_PORTABLE and the kernels installed); "
+                             f"drop {', '.join(given)}")
     # dtype "auto": the config's torch_dtype (presets: bfloat16), resolved
     # by the tree's _resolve_auto_dtype.  The KV-cache dtype is checked by
     # vLLM itself (its CacheDType list), so every release's values work.
@@ -116,8 +126,14 @@ def matrix_cells(model: str, backend: str | None = None) -> list[selection.Cell]
     """The selection matrix for one model: every capability of selection.CAPABILITIES x model
     dtype x KV-cache dtype x heads per GPU."""
     label, config = load_model(model)
+    if _is_dsv4(label, config):  # one question per capability: nothing else enters its choice
+        return [selection.Cell(label, cc, "auto", backend=backend, config=config) for cc in selection.CAPABILITIES]
     return [dataclasses.replace(c, preset=label, config=config)
             for c in selection.matrix_cells(presets=["-"], backend=backend)]
+
+
+def _is_dsv4(label: str, config: str | None) -> bool:
+    return selection.is_dsv4(json.loads(config) if config else selection.preset_config(label))
 
 
 def plan(model: str, *, capability: str | None = None, dtype: str = "auto", kv_cache_dtype: str = "auto",
@@ -275,6 +291,8 @@ def to_dict(result: dict[str, Any], tree_desc: str) -> dict[str, Any]:
 
 
 def text(result: dict[str, Any], tree_desc: str) -> str:
+    if "dsv4" in result:
+        return dsv4_text(result, tree_desc)
     r, m = result, result["model"]
     kind = "sparse MLA (DSA)" if m["use_sparse"] else "dense MLA (not DSA: the series does not change it)"
     topk = f"  index_topk={m['index_topk']}" if m.get("index_topk") is not None else ""
@@ -366,6 +384,8 @@ def matrix_text(results: list[dict[str, Any]], tree_desc: str) -> str:
     depends on the heads per GPU, the cell lists each pick with its heads;
     "(-> X)" is the cache format vLLM switches to after selection; "none" is
     vLLM's "No valid attention backend" refusal."""
+    if results and "dsv4" in results[0]:
+        return dsv4_matrix_text(results, tree_desc)
     kvs = list(dict.fromkeys(r["kv_cache_dtype"] for r in results))
     groups: dict[tuple[str, str], dict[str, dict[str, list[int]]]] = {}
     for r in results:
@@ -392,4 +412,172 @@ def matrix_text(results: list[dict[str, Any]], tree_desc: str) -> str:
              "| " + " | ".join(header) + " |",
              "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------
+# DeepSeek-V4
+# --------------------------------------------------------------------------
+# A DeepSeek-V4 result holds one case per combination of the inputs the tree's own functions
+# were asked with (VLLM_DSV4_PORTABLE; FlashInfer's sm120 kernel; vLLM's FlashMLA build). The
+# output groups them by VLLM_DSV4_PORTABLE and names the other two only where an answer
+# depends on them.
+
+DSV4_ENV = "VLLM_DSV4_PORTABLE"
+_DSV4_LABELS = {"flashinfer_sm120": ("with FlashInfer's sm120 kernel", "without FlashInfer's sm120 kernel"),
+                "flashmla": ("vLLM built with FlashMLA", "vLLM built without FlashMLA")}
+_DSV4_ROUTE = "the series' nvidia/portable.py (select_dsv4_mhc_kernels, select_dsv4_o_proj) and nvidia/ops (cutedsl_supported)"
+_DSV4_NO_ROUTE = "no choice in this tree: the series' route (nvidia/portable.py, ops.cutedsl_supported) is absent"
+_DSV4_UPSTREAM = ("upstream's CUDA model calls its TileLang/DeepGEMM mHC kernels, DeepGEMM o_proj and CuTe DSL "
+                  "compressor on every GPU")
+
+
+def dsv4_groups(result: dict[str, Any]) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """[(VLLM_DSV4_PORTABLE value or None, its cases)], in the order asked."""
+    groups: dict[str | None, list[dict[str, Any]]] = {}
+    for case in result["dsv4"]["cases"]:
+        groups.setdefault(case[DSV4_ENV], []).append(case)
+    return list(groups.items())
+
+
+def dsv4_variants(cases: list[dict[str, Any]], show) -> list[tuple[list[str], str]]:
+    """[(labels of the inputs it depends on, show(case))] for one VLLM_DSV4_PORTABLE value: one
+    entry with no labels where no other input changes the answer, else one per value of the inputs
+    that do (an input changes it where two cases differing in it alone differ)."""
+    inputs = [k for k in _DSV4_LABELS if any(c[k] is not None for c in cases)]
+
+    def differ(key: str) -> bool:
+        for a in cases:
+            for b in cases:
+                if (a[key] != b[key] and all(a[k] == b[k] for k in inputs if k != key)
+                        and show(a) != show(b)):
+                    return True
+        return False
+
+    matter = [k for k in inputs if differ(k)]
+    out: dict[tuple, tuple[list[str], str]] = {}
+    for c in cases:
+        key = tuple(c[k] for k in matter)
+        if key not in out:
+            out[key] = ([_DSV4_LABELS[k][0 if c[k] else 1] for k in matter], show(c))
+    return list(out.values())
+
+
+def _dsv4_attention(case: dict[str, Any], capability: str) -> str:
+    a = case["attention"]
+    if a is None:
+        return f"none; vLLM error: {case['error']}"
+    notes = [f"backend {a['backend']}"] if a.get("backend") else []
+    if a.get("fp8_ds_mla_layout"):
+        notes.append("fp8_ds_mla cache")
+    about = ", ".join(notes)
+    if a.get("backend_supports_capability") is False:
+        about += f"; that backend does not support compute capability {capability}"
+    return a["class"] + (f" ({about})" if about else "") + (f": {a['reason']}" if a.get("reason") else "")
+
+
+def _dsv4_cutedsl(case: dict[str, Any]) -> str | None:
+    if case["cutedsl"] is None:
+        return None
+    kind = "CuTe DSL" if case["cutedsl"] else "Triton"
+    return f"{'yes' if case['cutedsl'] else 'no'}: the compressor, gathers and indexer query run their {kind} kernels"
+
+
+def _dsv4_shows(capability: str) -> dict[str, Any]:
+    return {"attention": lambda c: _dsv4_attention(c, capability),
+            "mHC": lambda c: c["mhc"]["reason"] if c["mhc"] else None,
+            "o_proj": lambda c: c["o_proj"]["reason"] if c["o_proj"] else None,
+            "CuTe DSL": _dsv4_cutedsl}
+
+
+def dsv4_text(result: dict[str, Any], tree_desc: str) -> str:
+    r, m, d = result, result["model"], result["dsv4"]
+    module, _, func = d["selector"].rpartition(".")
+    topk = f"  index_topk={m['index_topk']}" if m.get("index_topk") is not None else ""
+    lines = [
+        f"tree:  {tree_desc}",
+        f"model: {r['preset']}  model_type={m['model_type']}  DeepSeek-V4  head_size={m['head_size']}{topk}",
+        f"case:  compute capability {r['capability']}"
+        + (f", --backend {r['backend']}" if r.get("backend") else "")
+        + " (model dtype, KV-cache dtype and heads do not enter this choice)",
+        "",
+        "DeepSeek-V4's CUDA model picks its kernels itself, not through vLLM's backend selector:",
+        f"  attention class: {module.replace('.', '/')}.py::{func}",
+        "  mHC, o_proj, CuTe DSL: " + (_DSV4_ROUTE if d["series_route"] else _DSV4_NO_ROUTE),
+        "",
+    ]
+    shows = _dsv4_shows(r["capability"])
+    for env, cases in dsv4_groups(r):
+        lines.append(f"{DSV4_ENV}={env}" + (" (the default):" if env == "auto" else ":") if env is not None else
+                     f"{DSV4_ENV}: not in this tree (the series' switch is absent):")
+        for name, show in shows.items():
+            variants = dsv4_variants(cases, show)
+            if all(v is None for _, v in variants):
+                continue
+            for labels, value in variants:
+                lines.append(f"  {', '.join([name, *labels])}: {value}")
+        if not d["series_route"]:
+            lines.append(f"  mHC, o_proj, CuTe DSL: {_DSV4_UPSTREAM}")
+    lines.append("")
+    lines.append("indexer: " + _indexer_line(r.get("indexer")))
+    lines.append("stand-ins: " + ", ".join(_short_stand_ins(r["stand_ins"]) + _short_dsv4_stand_ins(d))
+                 + " (details: tools/smla/_selection_standins.py)")
+    return "\n".join(lines) + "\n"
+
+
+def _short_dsv4_stand_ins(d: dict[str, Any]) -> list[str]:
+    out = []
+    for item in d.get("stand_ins", []):
+        if item.startswith("vllm._custom_ops.cutlass"):
+            out.append("cutlass_scaled_mm_supports_* answer False at import")
+        elif item.startswith("DeepSeek-V4 kernel packages"):
+            out.append("tilelang, cutlass DSL and DeepGEMM installed")
+    return out
+
+
+def dsv4_short_class(name: str) -> str:
+    """DeepseekV4TritonAttention -> Triton."""
+    return name.removeprefix("DeepseekV4").removesuffix("Attention")
+
+
+def dsv4_short_route(case: dict[str, Any]) -> str:
+    """The mHC, o_proj and CuTe DSL routes in a few words (the head of the tree's own reasons)."""
+    parts = []
+    if case["mhc"]:
+        parts.append("mHC " + case["mhc"]["reason"].split(":")[0].split(", forced")[0])
+    if case["o_proj"]:
+        parts.append("o_proj " + {"deep_gemm": "DeepGEMM"}.get(case["o_proj"]["path"], case["o_proj"]["path"]))
+    if case["cutedsl"] is not None:
+        parts.append("compressor " + ("CuTe DSL" if case["cutedsl"] else "Triton"))
+    return ", ".join(parts)
+
+
+def dsv4_short_pick(case: dict[str, Any], capability: str) -> str:
+    """The attention layers' class, in a word; "(its backend: not X)" where that backend does not support
+    the capability; "error" where the tree refuses."""
+    a = case["attention"]
+    if a is None:
+        return "error"
+    return dsv4_short_class(a["class"]) + (f" (its backend: not {capability})"
+                                           if a.get("backend_supports_capability") is False else "")
+
+
+def dsv4_matrix_text(results: list[dict[str, Any]], tree_desc: str) -> str:
+    """The DeepSeek-V4 matrix: a row per capability and VLLM_DSV4_PORTABLE value; the attention
+    layers' class, in a word (each input it depends on named), and the mHC / o_proj / compressor route."""
+    first = results[0]
+    lines = [f"tree:  {tree_desc}",
+             f"model: {first.get('preset', '?')}; DeepSeek-V4's own choice"
+             + (f"; requested backend {first['backend']}" if first.get("backend") else ""),
+             "",
+             f"| cc | {DSV4_ENV} | attention | mHC, o_proj, compressor |",
+             "|---|---|---|---|"]
+    for r in results:
+        for env, cases in dsv4_groups(r):
+            att = " / ".join(f"{v} ({', '.join(labels)})" if labels else v
+                             for labels, v in dsv4_variants(cases, lambda c: dsv4_short_pick(c, r["capability"])))
+            route = " / ".join(f"{v} ({', '.join(labels)})" if labels else v
+                               for labels, v in dsv4_variants(cases, dsv4_short_route))
+            lines.append(f"| {r['capability']} | {env if env is not None else 'not in this tree'} | {att} | "
+                         f"{route or 'not chosen by this tree'} |")
     return "\n".join(lines) + "\n"

@@ -9,6 +9,8 @@ tools/smla/_selection_standins.py, the model config's in the worker.
 Public API:
 
     PRESETS, preset_config(name)   model geometries ("glm-5", "deepseek-v3.2")
+    DSV4_PRESETS, is_dsv4(config)  DeepSeek-V4 ("deepseek-v4"): its own query
+    MODEL_PRESETS                  every preset name
     CAPABILITIES, DTYPES, KV_CACHE_DTYPES, HEADS   the selection matrix axes
     Cell(...)                      one question: model, capability, dtype, KV
                                    cache dtype, heads per GPU, backend (what
@@ -71,9 +73,37 @@ PRESET_MODELS: dict[str, dict[str, Any]] = {
 }
 
 
+# DeepSeek-V4: what its checkpoints' config.json say that selection reads (model type, the
+# head_dim + compress_ratios that make vLLM treat it as MLA, dtype), and its attention geometry
+# (head 512 = 448 NoPE + 64 RoPE, 64 heads, index top-k 512; compress_ratios: one per layer in a
+# checkpoint, here one of each layer kind: sliding window only, C4, C128). Its CUDA model picks
+# its attention class itself, so it is not a preset of the sparse-MLA matrix above.
+DSV4_PRESETS: dict[str, dict[str, Any]] = {
+    "deepseek-v4": dict(
+        model_type=_worker.DSV4_MODEL_TYPE,
+        architectures=["DeepseekV4ForCausalLM"],
+        torch_dtype="bfloat16",
+        head_dim=512,
+        qk_rope_head_dim=64,
+        num_attention_heads=64,
+        index_topk=512,
+        compress_ratios=[0, 4, 128],
+    ),
+}
+# Every model `smla explain --model` takes by name.
+MODEL_PRESETS: list[str] = [*PRESETS, *DSV4_PRESETS]
+
+
 def preset_config(name: str) -> dict[str, Any]:
     """The preset `name` as an HF config dict (MLA geometry + model type)."""
+    if name in DSV4_PRESETS:
+        return dict(DSV4_PRESETS[name])
     return {**PRESET_MODELS[name], **PRESETS[name]}
+
+
+def is_dsv4(config: dict[str, Any]) -> bool:
+    """Whether an HF config dict is DeepSeek-V4's (answered by its own query, not vLLM's selector)."""
+    return config.get("model_type") == _worker.DSV4_MODEL_TYPE
 
 
 CAPABILITIES: list[str] = ["8.0", "8.6", "8.9", "9.0", "10.0", "12.0", "12.1"]
@@ -147,6 +177,17 @@ def run_selection(tree: str | os.PathLike, cells: list[Cell],
     as the tree decides them) and "stand_ins".  Instead of a
     selection, a result may carry "input_error" (the config or backend name
     was refused) or "not_mla" (the tree does not use MLA for this config).
+
+    A DeepSeek-V4 cell (is_dsv4) has "model", "indexer" and "stand_ins", and
+    instead of the selection fields "dsv4": {"selector", "series_route" (the
+    tree has the series' nvidia/portable.py), "inputs" (the values asked:
+    VLLM_DSV4_PORTABLE, None where the tree has no such switch;
+    "flashinfer_sm120", None where the tree does not ask; "flashmla"), "cases"
+    (one per combination: those inputs, "attention" ({"class", "reason",
+    "backend", "backend_supports_capability", "fp8_ds_mla_layout"}) or None
+    with vLLM's "error", "mhc" ({"kernels": {op: module kind}, "reason"}),
+    "o_proj" ({"path", "reason"}) and "cutedsl" (bool), each None where the
+    tree has no such selector), "stand_ins" (those of the DeepSeek-V4 query)}.
 
     Raises TreeStateError when `tree` is no vLLM source tree, CommandError
     when the child process fails.
