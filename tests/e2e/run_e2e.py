@@ -514,8 +514,8 @@ def prepare_checkpoints(jobs: list[dict], root: Path) -> tuple[dict, list[str]]:
 
 
 # Device-time estimate of one `run` call (run_e2e.py --plan). Assumptions, in seconds:
-# install: pip of the reduced wheel + deps, seen 20-40 s; per engine wave: start-up + the
-# two passes. DSA models: start-up seen 109-175 s with 7-16 engines at once (torch.compile,
+# install: unpack + pip of the reduced wheel + deps (the series run's last call took 201 s
+# around 175 s of engines); per engine wave: start-up + the two passes. DSA models: start-up seen 109-175 s with 7-16 engines at once (torch.compile,
 # CUDA-graph capture, DeepGEMM JIT), passes 4-10 s. DeepSeek-V4: never run; no torch.compile
 # (breakable CUDA graph, compilation mode NONE) but DeepGEMM JIT of the fp8 GEMMs / einsum /
 # prenorm GEMM, Triton JIT of the portable kernels, CuTe DSL and TileLang JIT where installed,
