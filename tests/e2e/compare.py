@@ -482,7 +482,8 @@ def write_report(s: dict) -> str:
         met = e.get("metrics") or {}
         short = ", ".join(f"{k.split(':')[-1]}={v:g}" for k, v in sorted(met.items()) if isinstance(v, (int, float)))
         wcg = e.get("worker_cudagraphs") or [{}]
-        cg = wcg[0].get("cudagraph_mode", e.get("cudagraph_mode"))
+        # an engine that failed before its probes ran has no mode: "-" (the report must still come out)
+        cg = str(wcg[0].get("cudagraph_mode", e.get("cudagraph_mode")) or "-")
         cg += " " + "/".join(f"{k.split('.')[-1]}:{v}" for k, v in sorted(wcg[0].get("graphs", {}).items()))
         out.append(f"| {name} | {e['ok']} | {be} | {cg} | {_f(e.get('init_s'))} | "
                    f"{_f(e.get('pass1_prompt_tok_per_s'))} | {_f(e.get('pass2_gen_tok_per_s'))} | {short} |")
