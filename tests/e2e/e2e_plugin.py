@@ -149,6 +149,10 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         self._inner.exec_module(module)
+        # the module keeps its own loader (source lookups, reloads)
+        module.__loader__ = self._inner
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._inner
         self.patch(module)
         if self in sys.meta_path:
             sys.meta_path.remove(self)

@@ -270,6 +270,8 @@ def test_o_proj_override_patches_the_selector_before_and_after_import(tmp_path, 
     try:
         assert mod.use_bf16_o_proj() is True
         assert not any(isinstance(f, e2e_plugin._PatchAfterImport) for f in sys.meta_path)
+        assert not isinstance(mod.__loader__, e2e_plugin._PatchAfterImport)
+        assert mod.__spec__.loader is mod.__loader__
     finally:
         sys.modules.pop("fakev4pkg.o_proj", None)
         sys.modules.pop("fakev4pkg", None)
@@ -622,3 +624,28 @@ def test_device_scripts_stage_and_install_the_extra_bundle():
     assert "export PYTHONPATH=$site$extra_path:$PWD/tests/e2e" in setup
     run = (HERE / "device-run.sh").read_text()
     assert '("tilelang", "tilelang")' in run and '("cutlass", "nvidia-cutlass-dsl")' in run
+
+
+def test_main_makes_the_checkpoint_before_the_engines_and_reports_it(tmp_path, monkeypatch):
+    """run_e2e.main end to end on the CPU: the (stand-in) checkpoint is made first, the engines
+    are spawned with its directory, and summary.json carries it; the engines themselves fail
+    here (no vLLM), which must be an engine failure (exit 3), not a crash of the run."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is importable here: the engines would really start")
+    _fake_model(tmp_path, monkeypatch)
+    out, res, ckpt = tmp_path / "out", tmp_path / "res", tmp_path / "models"
+    rc = run_e2e.main(["--models", V4, "--sides", "ref", "ours", "--parallel", "2", "--engine-timeout", "120",
+                       "--out", str(out), "--results", str(res), "--v4-checkpoints", str(ckpt)])
+    assert rc == 3
+    s = json.loads((out / "summary.json").read_text())
+    assert s["checkpoints"][V4]["cached"] is False and s["checkpoints"][V4]["dir"] == str(ckpt / V4)
+    jobs = json.loads((res / "jobs.json").read_text())
+    assert [j["model_dir"] for j in jobs] == [str(ckpt / V4)] * 2
+    assert sorted(s["engines"]) == [name("ours"), name("ref")]
+    assert all("vllm" in e["error"] for e in s["engines"].values())
+    # a second run on the same machine reuses the checkpoint
+    run_e2e.main(["--models", V4, "--sides", "ref", "--parallel", "1", "--out", str(out), "--results", str(res),
+                  "--v4-checkpoints", str(ckpt)])
+    assert json.loads((out / "summary.json").read_text())["checkpoints"][V4]["cached"] is True
