@@ -106,10 +106,15 @@ clean:
 E2E_WHEEL ?= $(firstword $(wildcard dist/vllm-*.whl))
 E2E_DIR   ?= .e2e
 E2E_ARGS  ?=
-.PHONY: e2e-bundle test-e2e
+.PHONY: e2e-bundle e2e-bundle-v4-upstream test-e2e
 e2e-bundle: $(STAMP)
 	@test -n "$(E2E_WHEEL)" || { echo "error: no wheel in dist/: make build-wheel, or E2E_WHEEL=/path/to/vllm-*.whl" >&2; exit 2; }
 	$(BIN)/python tests/e2e/bundle.py --wheel "$(E2E_WHEEL)" --out "$(E2E_DIR)"
+
+# e2e-bundle-v4-upstream: the optional second bundle (.e2e-extra/): TileLang and CuTe DSL, which
+# pristine DeepSeek-V4 kernels need and the GPU image lacks (tests/e2e/README.md "DeepSeek-V4").
+e2e-bundle-v4-upstream: $(STAMP)
+	$(BIN)/python tests/e2e/bundle.py --extra --out .e2e-extra
 
 test-e2e:
 	bash tests/e2e/device-run.sh run $(E2E_ARGS)

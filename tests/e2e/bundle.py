@@ -17,6 +17,15 @@ script builds, under OUT (default `.e2e/`, ignored by git):
 
 tests/e2e/device_pieces.py checks and reassembles the pieces on the device.
 
+`--extra` builds a second, optional bundle of dependency wheels only (no vLLM wheel; default
+requirements tests/e2e/device-requirements-v4-upstream.txt, `make e2e-bundle-v4-upstream`,
+out `.e2e-extra/`): the packages pristine 0.26.0's DeepSeek-V4 path imports on the GPU and the
+device image lacks (TileLang for the mHC kernels, NVIDIA's CuTe DSL for the compressor), for
+`run_e2e.py --v4-ref-kernels complete` (README "DeepSeek-V4"). Their wheels are deflated zips,
+which xz cannot shrink, so each is rewritten with the same members stored uncompressed
+(`store_wheel`: member names, bytes, dates and modes unchanged, so the RECORD still holds) and
+the payload's xz does the compressing.
+
 Members left out (each one a path rule below, with the reason): the FA2
 library (sm80 attention; the sparse path on sm90 uses FA3, and FA2's import is
 guarded), the sm100 FMHA headers, DeepGEMM's `_C` for Pythons other than 3.12
@@ -145,6 +154,20 @@ def download_deps(req_file: Path, dst: Path) -> list[str]:
     return wheels
 
 
+def store_wheel(path: Path) -> None:
+    """Rewrite a wheel in place with every member stored uncompressed (ZIP_STORED): same
+    names, bytes, dates and modes, so its RECORD hashes still hold and pip installs it as
+    before; only the zip container changes."""
+    tmp = path.with_suffix(".stored")
+    with zipfile.ZipFile(path) as zin, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            new = zipfile.ZipInfo(info.filename, date_time=info.date_time)
+            new.external_attr = info.external_attr
+            new.compress_type = zipfile.ZIP_STORED
+            zout.writestr(new, zin.read(info.filename))
+    os.replace(tmp, path)
+
+
 def write_payload(build: Path, out: Path) -> tuple[Path, dict[str, str]]:
     """Deterministic tar of build/ (sorted, mtime 0, root-owned), xz-compressed."""
     files = sorted(p for p in build.rglob("*") if p.is_file())
@@ -186,24 +209,44 @@ def split(payload: Path, out: Path, piece_bytes: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--wheel", required=True, type=Path, help="vLLM wheel (build-wheel output or official)")
-    ap.add_argument("--out", default=Path(".e2e"), type=Path)
-    ap.add_argument("--requirements", default=Path(__file__).with_name("device-requirements.txt"), type=Path)
+    ap.add_argument("--wheel", type=Path, help="vLLM wheel (build-wheel output or official)")
+    ap.add_argument("--extra", action="store_true",
+                    help="dependency wheels only, stored uncompressed (default out .e2e-extra, requirements "
+                         "device-requirements-v4-upstream.txt)")
+    ap.add_argument("--out", default=None, type=Path, help="default .e2e (.e2e-extra with --extra)")
+    ap.add_argument("--requirements", default=None, type=Path,
+                    help="default device-requirements.txt (device-requirements-v4-upstream.txt with --extra)")
     ap.add_argument("--piece-mib", default=56, type=int,
                     help="piece size; the repo itself also travels within the 64 MiB of a call")
     args = ap.parse_args(argv)
+    here = Path(__file__).resolve().parent
+    if args.out is None:
+        args.out = Path(".e2e-extra" if args.extra else ".e2e")
+    if args.requirements is None:
+        args.requirements = here / ("device-requirements-v4-upstream.txt" if args.extra else "device-requirements.txt")
     try:
+        if args.wheel is None and not args.extra:
+            raise UsageError("--wheel is required (or --extra for a dependency-only bundle)")
         out = args.out
         build = out / "build"
         if build.exists():
             for p in build.glob("*.whl"):
                 p.unlink()
-        wheel = reduce_wheel(args.wheel.resolve(), build)
+        if args.extra:
+            if (build / "deps").exists():
+                shutil.rmtree(build / "deps")
+            wheel = None
+        else:
+            wheel = reduce_wheel(args.wheel.resolve(), build)
         deps = download_deps(args.requirements, build / "deps")
+        if args.extra:
+            for name in deps:
+                store_wheel(build / "deps" / name)
         payload, sums = write_payload(build, out)
         pieces = split(payload, out, args.piece_mib << 20)
         manifest = {
             "format": 1,
+            "extra": bool(args.extra),
             "wheel": wheel,
             "deps": deps,
             "files": sums,
@@ -219,15 +262,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hint: {exc.hint}", file=sys.stderr)
         return exc.exit_code
     mib = 1 << 20
-    print(f"reduced wheel {wheel['file']}: {wheel['members']} members, {wheel['member_bytes'] / mib:.1f} MiB "
-          f"(dropped: " + ", ".join(f"{k} {v / mib:.1f} MiB" for k, v in wheel["dropped_bytes"].items()) + ")")
+    if wheel is not None:
+        print(f"reduced wheel {wheel['file']}: {wheel['members']} members, {wheel['member_bytes'] / mib:.1f} MiB "
+              f"(dropped: " + ", ".join(f"{k} {v / mib:.1f} MiB" for k, v in wheel["dropped_bytes"].items()) + ")")
     print(f"deps: {len(deps)} wheels; payload {manifest['payload']['bytes'] / mib:.1f} MiB "
           f"in {len(pieces)} pieces")
     for p in pieces:
         print(f"  {out}/{p['path']}  {p['bytes'] / mib:.1f} MiB")
     calls = len(pieces)
     print(f"device: {calls} consecutive calls, each carrying {out}/manifest.json and one {out}/pieces/NN; "
-          f"see tests/e2e/README.md")
+          f"see tests/e2e/README.md" + (" (`device-run.sh stage-extra`)" if args.extra else ""))
     return 0
 
 

@@ -32,6 +32,22 @@ fp8 KV cache engines (names tpN-model-dtype-fp8kv-side, README "fp8 KV cache"):
   only (the previous rule; its dense positions partly read fresh 16-bit K/V); without
   either, the fixed bf16 bounds;
 - fp8 `ref` / `mqa-ref` vs kv-auto `ref`: reported, not bounded (the calibrations above).
+
+DeepSeek-V4 (V4_MODELS; bf16, fp8 cache; README "DeepSeek-V4"), per TP:
+- `ref2` vs `ref`: the calibration (upstream vs upstream: same kernels, prefill chunks of 1024
+  instead of 2048 tokens), reported;
+- `ref-o16` vs `ref`: what the portable path's bf16 output projection (no fp8 quantisation of
+  the attention output) costs; bounded by the fixed bf16 bounds, a gross-error check of the
+  bf16 projection that `ours` and `ref-o16` share;
+- `ours` vs `ref-o16` (same output-projection arithmetic; attention, indexer, mHC and
+  compressor kernels swapped): factor x the ref2-vs-ref spread, bf16 floors (the fixed bf16
+  bounds without a `ref2`);
+- `ours` vs `ref` (the whole portable path vs upstream): per statistic the ours-vs-ref-o16
+  bound plus o_proj_cost_factor x the ref-o16-vs-ref statistic (triangle inequality), the
+  divergence margin the larger of the two; the fixed bf16 bounds without a `ref-o16`.
+Engine checks: the probe's DeepSeek-V4 record (e2e_plugin.describe_dsv4) in the target and
+the MTP drafter must show the side's attention class, backend, fp8_ds_mla cache, output
+projection, mHC kernels and compressor (V4_EXPECT).
 """
 from __future__ import annotations
 
@@ -42,6 +58,21 @@ from pathlib import Path
 import numpy as np
 
 INDEX_TOPK = 2048
+# DeepSeek-V4: its C4 layer's indexer keeps index_topk 512 of the compressed entries (one per 4
+# tokens), so it selects once a query sees more than 4 x 512 = 2048 tokens: the same split.
+V4_MODELS = ("deepseek-v4-tiny",)
+V4_SELECTS_FROM = 4 * 512
+# What each DeepSeek-V4 side must show (e2e_plugin.describe_dsv4), target and MTP drafter.
+V4_EXPECT = {
+    "ours": {"class": "DeepseekV4TritonAttention", "backend": "TRITON_MLA_SPARSE_DSV4", "o_proj": "bf16",
+             "mhc_suffixes": ("_torch", "_triton"), "compressor": "triton"},
+    "ref": {"class": "DeepseekV4FlashMLAAttention", "backend": "FLASHMLA_SPARSE_DSV4", "o_proj": "deep_gemm"},
+    "ref2": {"class": "DeepseekV4FlashMLAAttention", "backend": "FLASHMLA_SPARSE_DSV4", "o_proj": "deep_gemm"},
+    "ref-o16": {"class": "DeepseekV4FlashMLAAttention", "backend": "FLASHMLA_SPARSE_DSV4", "o_proj": "bf16"},
+}
+# --v4-ref-kernels complete: the upstream sides must also run pristine 0.26.0's mHC and compressor
+V4_COMPLETE = {"mhc_suffixes": ("_tilelang",), "compressor": "cutedsl"}
+V4_RATIOS = [1, 4, 128]  # the target's layers: SWA only (0 -> 1), C4 + indexer, C128
 SIXTEEN_BIT_OR_AUTO = {"auto", "bfloat16", "float16", "half", "bf16", "fp16", "float", "float32"}
 
 
@@ -217,6 +248,123 @@ def check_bounds(cmp: dict, b: dict) -> list[str]:
     return bad
 
 
+def is_v4_job(job: dict) -> bool:
+    return job.get("model") in V4_MODELS
+
+
+def _dsv4_records(probes) -> list[dict | None]:
+    return [(p or {}).get("dsv4") for p in probes or []]
+
+
+def v4_engine_failures(job: dict, meta: dict) -> list[str]:
+    """A DeepSeek-V4 engine that did not run the kernels its side stands for (V4_EXPECT), in
+    the target model or in the MTP drafter (the indexer logits, the cache dtype and the CUDA
+    graphs are checked as for every engine)."""
+    name, side = job["name"], job["side"]
+    want = dict(V4_EXPECT[side])
+    if side != "ours" and job.get("v4_ref_kernels") == "complete":
+        want.update(V4_COMPLETE)
+    out = []
+    for where, key in (("target", "model_probe"), ("MTP drafter", "drafter_probe")):
+        recs = _dsv4_records(meta.get(key))
+        if not recs or not all(recs):
+            out.append(f"{name}: {where}: no DeepSeek-V4 attention layer in the probe")
+            continue
+        classes = sorted({c for r in recs for c in r["attention_classes"]})
+        if classes != [want["class"]]:
+            out.append(f"{name}: {where}: attention classes {classes}, expected {[want['class']]}")
+        backends = sorted({b for r in recs for b in r["attention_backends"]})
+        if backends != [want["backend"]]:
+            out.append(f"{name}: {where}: attention backends {backends}, expected {[want['backend']]}")
+        kv = sorted({d for r in recs for d in r["kv_cache_dtypes"]})
+        if kv != ["fp8_ds_mla"]:
+            out.append(f"{name}: {where}: KV cache {kv}, expected ['fp8_ds_mla']")
+        o_proj = sorted({o for r in recs for o in r.get("o_proj", [])})
+        if o_proj != [want["o_proj"]]:
+            out.append(f"{name}: {where}: output projection {o_proj}, expected {[want['o_proj']]}")
+        if "mhc_suffixes" in want:
+            mhc = sorted({k for r in recs for k in r.get("mhc_kernels", [])})
+            bad = [k for k in mhc if not k.endswith(want["mhc_suffixes"])]
+            if not mhc or bad:
+                out.append(f"{name}: {where}: mHC kernels {bad or mhc}, expected *{'/*'.join(want['mhc_suffixes'])}")
+        if "compressor" in want:
+            comp = sorted({r.get("compressor") for r in recs})
+            if comp != [want["compressor"]]:
+                out.append(f"{name}: {where}: compressor {comp}, expected {[want['compressor']]}")
+        if where == "target":
+            ratios = sorted({x for r in recs for x in r.get("compress_ratios", [])})
+            if ratios != V4_RATIOS:
+                out.append(f"{name}: target: compress ratios {ratios}, expected {V4_RATIOS}")
+    return out
+
+
+def _v4_sum_bounds(kernel: dict, cost: dict, f: float) -> dict:
+    """ours vs ref: the kernel-swap bound plus f x the o_proj cost per statistic (triangle
+    inequality over ours -> ref-o16 -> ref); the divergence margin (a maximum, not a sum): the
+    larger of the two."""
+    return {k: (max(kernel[k], f * STATS[k](cost)) if k == "divergence_margin_max"
+                else kernel[k] + f * STATS[k](cost)) for k in STATS}
+
+
+def compare_v4(jobs: list[dict], loaded: dict, bounds: dict) -> list[dict]:
+    """The DeepSeek-V4 comparisons of one run (module docstring), in the order calibration,
+    o_proj cost, ours vs ref-o16, ours vs ref, per (TP, model)."""
+    cfg = bounds.get("deepseek_v4", {"factor": 2.0, "o_proj_cost_factor": 1.0})
+    fixed = dict(bounds["fixed"]["bfloat16"])
+    names = {j["name"] for j in jobs}
+    ok = {n for n in names if n in loaded and loaded[n][0].get("ok")}
+    out, done = [], {}
+
+    def pair(ref: str, oth: str, job: dict, role: str) -> dict | None:
+        if ref not in ok or oth not in ok:
+            return None
+        c = compare_pair(loaded[ref][1], loaded[oth][1])
+        c.update(name=oth, ref=ref, side=job["side"], dtype=job["dtype"], model=job["model"], tp=job["tp"],
+                 kv_cache_dtype=job["kv_cache_dtype"], force_mqa=False, role=role, broken=[])
+        out.append(c)
+        done[(oth, ref)] = c
+        return c
+
+    groups = {}
+    for j in jobs:
+        groups.setdefault((j["tp"], j["model"]), {})[j["side"]] = j
+    for (tp, model), sides in groups.items():
+        n = {side: j["name"] for side, j in sides.items()}
+        ref = n.get("ref")
+        if ref is None:
+            continue
+        calib = pair(ref, n["ref2"], sides["ref2"], "calibration") if "ref2" in n else None
+        if calib is None and tp != 1:  # the TP=1 calibration of the model, as for the DSA models
+            calib = next((c for (o, r), c in done.items() if c.get("role") == "calibration" and c["tp"] == 1
+                          and c["model"] == model), None)
+        cost = pair(ref, n["ref-o16"], sides["ref-o16"], "o_proj cost") if "ref-o16" in n else None
+        if cost is not None:
+            cost["bounds"], cost["bounds_from"] = fixed, (
+                "fixed bfloat16 (sanity of the bf16 output projection shared by ours and ref-o16)")
+            cost["broken"] = check_bounds(cost, cost["bounds"])
+        if "ours" not in n:
+            continue
+        kernel, kernel_from = bounds_for("bfloat16", calib, {**bounds, "factor": {"bfloat16": cfg["factor"]}})
+        if calib is not None:
+            kernel_from += " (ref2: prefill chunks of 1024 tokens, upstream vs upstream)"
+        if cost is not None:
+            c = pair(n["ref-o16"], n["ours"], sides["ours"], "kernels")
+            if c is not None:
+                c["bounds"], c["bounds_from"] = kernel, "same bf16 output projection on both sides; " + kernel_from
+                c["broken"] = check_bounds(c, c["bounds"])
+        c = pair(ref, n["ours"], sides["ours"], "whole path")
+        if c is not None:
+            if cost is not None:
+                f = cfg["o_proj_cost_factor"]
+                c["bounds"] = _v4_sum_bounds(kernel, cost, f)
+                c["bounds_from"] = (f"ours-vs-ref-o16 bound + {f} x ref-o16-vs-ref (o_proj cost); "
+                                    + kernel_from)
+            else:
+                c["bounds"], c["bounds_from"] = fixed, "fixed bfloat16 (no ref-o16 in this run)"
+            c["broken"] = check_bounds(c, c["bounds"])
+    return out
+
+
 def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
     engines, comparisons, failures = {}, [], []
     loaded = {}
@@ -234,19 +382,22 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
         if not meta.get("ok"):
             failures.append(f"{job['name']}: engine failed: {meta.get('error')}")
             continue
-        used = sorted({b for probe in meta["model_probe"] for b in probe["attention_backends"]})
-        drafted = sorted({b for probe in meta.get("drafter_probe") or [] if probe
-                          for b in probe["attention_backends"]})
-        if drafted and drafted != used:
-            failures.append(f"{job['name']}: MTP drafter attention {drafted}, target {used}")
-        want = {"ours": ["TRITON_MLA_SPARSE"], "ref2": ["FLASHMLA_SPARSE"]}.get(job["side"])
-        if want is not None and used != want:
-            failures.append(f"{job['name']}: attention backends {used}, expected {want}")
         fp8 = job.get("kv_cache_dtype", "auto") != "auto"
-        ref_ok = ("FLASHMLA_SPARSE",) if fp8 else ("FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE")
-        if job["side"] == "ref" and not (len(used) == 1 and used[0] in ref_ok):
-            failures.append(f"{job['name']}: reference selected {used}"
-                            + (", expected ['FLASHMLA_SPARSE'] for the fp8 cache" if fp8 else ""))
+        if is_v4_job(job):
+            failures += v4_engine_failures(job, meta)
+        else:
+            used = sorted({b for probe in meta["model_probe"] for b in probe["attention_backends"]})
+            drafted = sorted({b for probe in meta.get("drafter_probe") or [] if probe
+                              for b in probe["attention_backends"]})
+            if drafted and drafted != used:
+                failures.append(f"{job['name']}: MTP drafter attention {drafted}, target {used}")
+            want = {"ours": ["TRITON_MLA_SPARSE"], "ref2": ["FLASHMLA_SPARSE"]}.get(job["side"])
+            if want is not None and used != want:
+                failures.append(f"{job['name']}: attention backends {used}, expected {want}")
+            ref_ok = ("FLASHMLA_SPARSE",) if fp8 else ("FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE")
+            if job["side"] == "ref" and not (len(used) == 1 and used[0] in ref_ok):
+                failures.append(f"{job['name']}: reference selected {used}"
+                                + (", expected ['FLASHMLA_SPARSE'] for the fp8 cache" if fp8 else ""))
         if fp8:
             failures += _kv_failures(job["name"], meta)
         if job.get("force_mqa") and meta.get("sparse_mla_force_mqa") is False:  # None: not recorded
@@ -278,7 +429,11 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
     def order(j: dict) -> tuple[bool, bool]:
         return j["side"] != "ref2", not (j["side"] == "ref" and j.get("kv_cache_dtype", "auto") != "auto")
 
-    for job in sorted(jobs, key=order):
+    v4_cmps = compare_v4([j for j in jobs if is_v4_job(j)], loaded, bounds)
+    comparisons += v4_cmps
+    if any(c["broken"] for c in v4_cmps) and exit_code == 0:
+        exit_code = 1
+    for job in sorted((j for j in jobs if not is_v4_job(j)), key=order):
         kv = job.get("kv_cache_dtype", "auto")
         if job["side"] == "ref" and kv == "auto":
             continue
@@ -327,7 +482,8 @@ def write_report(s: dict) -> str:
         met = e.get("metrics") or {}
         short = ", ".join(f"{k.split(':')[-1]}={v:g}" for k, v in sorted(met.items()) if isinstance(v, (int, float)))
         wcg = e.get("worker_cudagraphs") or [{}]
-        cg = wcg[0].get("cudagraph_mode", e.get("cudagraph_mode"))
+        # an engine that failed before its probes ran has no mode: "-" (the report must still come out)
+        cg = str(wcg[0].get("cudagraph_mode", e.get("cudagraph_mode")) or "-")
         cg += " " + "/".join(f"{k.split('.')[-1]}:{v}" for k, v in sorted(wcg[0].get("graphs", {}).items()))
         out.append(f"| {name} | {e['ok']} | {be} | {cg} | {_f(e.get('init_s'))} | "
                    f"{_f(e.get('pass1_prompt_tok_per_s'))} | {_f(e.get('pass2_gen_tok_per_s'))} | {short} |")

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The e2e runner on the lent GPU machine (repo root = working directory).
 #   bash tests/e2e/device-run.sh stage            keep the piece(s) this call carried (calls 1..N-1)
+#   bash tests/e2e/device-run.sh stage-extra      keep the piece(s) of the optional .e2e-extra/ bundle
+#                                                 (TileLang + CuTe DSL, README "DeepSeek-V4")
 #   bash tests/e2e/device-run.sh run [ARGS...]    stage the last piece, check all, install, run
 #                                                 tests/e2e/run_e2e.py ARGS (results in $OUT)
 # Each call carries .e2e/manifest.json and one .e2e/pieces/NN (see tests/e2e/README.md);
@@ -13,6 +15,16 @@ source tests/e2e/device-setup.sh "$mode"
 {
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch, triton, vllm, importlib.metadata as m; print("torch", torch.__version__, "triton", triton.__version__, "vllm", vllm.__version__, m.version("vllm"), vllm.__file__)'
+  # what decides DeepSeek-V4's upstream kernels (mHC: tilelang; compressor: cutlass = CuTe DSL)
+  python3 -c 'import importlib.util as u, importlib.metadata as m
+def has(n):
+    try: return "found" if u.find_spec(n) else "missing"
+    except Exception: return "missing"
+def ver(d):
+    try: return m.version(d)
+    except Exception: return "-"
+for n, d in (("tilelang", "tilelang"), ("z3", "z3-solver"), ("cutlass", "nvidia-cutlass-dsl"), ("cuda.bindings", "cuda-bindings"), ("google.protobuf", "protobuf"), ("compressed_tensors", "compressed-tensors"), ("flashinfer", "flashinfer-python")):
+    print("module", n, has(n), "dist", d, ver(d))'
 } 2>&1 | tee "$out/env.txt"
 gpus=$(nvidia-smi -L | wc -l)
 # No pipe (| tee): processes the engines leave behind would hold it open and the call

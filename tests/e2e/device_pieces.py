@@ -10,6 +10,10 @@ Standard library only: it runs on the device before anything is installed
             whole payload's, decompress and unpack it into STORE/payload/ and
             check every unpacked file against the manifest
 
+`--use-stored-manifest`: when the call did not carry the bundle's manifest, use the copy the
+store kept from an earlier `stage` (the optional `.e2e-extra/` bundle: its pieces are staged in
+calls of their own, and the `run` call carries the main bundle's manifest only).
+
 Exit codes: 0 ok, 20 a piece is missing, 21 a checksum does not match,
 22 no manifest was carried.
 """
@@ -42,8 +46,11 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_manifest(bundle: Path, store: Path) -> dict:
+def load_manifest(bundle: Path, store: Path, use_stored: bool = False) -> dict:
     src = bundle / "manifest.json"
+    if not src.is_file() and use_stored and (store / "manifest.json").is_file():
+        print(f"{src} not carried: using the manifest staged in {store}", flush=True)
+        return json.loads((store / "manifest.json").read_text())
     if not src.is_file():
         raise PieceError(NO_MANIFEST, f"{src} was not carried: name it in `carry` with every piece")
     manifest = json.loads(src.read_text())
@@ -56,8 +63,8 @@ def load_manifest(bundle: Path, store: Path) -> dict:
     return manifest
 
 
-def stage(bundle: Path, store: Path) -> tuple[dict, list[int]]:
-    manifest = load_manifest(bundle, store)
+def stage(bundle: Path, store: Path, use_stored: bool = False) -> tuple[dict, list[int]]:
+    manifest = load_manifest(bundle, store, use_stored)
     (store / "pieces").mkdir(exist_ok=True)
     for piece in manifest["pieces"]:
         carried = bundle / piece["path"]
@@ -75,8 +82,8 @@ def stage(bundle: Path, store: Path) -> tuple[dict, list[int]]:
     return manifest, missing
 
 
-def assemble(bundle: Path, store: Path) -> Path:
-    manifest, missing = stage(bundle, store)
+def assemble(bundle: Path, store: Path, use_stored: bool = False) -> Path:
+    manifest, missing = stage(bundle, store, use_stored)
     if missing:
         names = ", ".join(f"{bundle}/pieces/{i:02d}" for i in missing)
         raise PieceError(MISSING, f"piece(s) {missing} of {len(manifest['pieces'])} are not on this machine. "
@@ -120,12 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("action", choices=["stage", "assemble"])
     ap.add_argument("--bundle", type=Path, default=Path(".e2e"))
     ap.add_argument("--store", type=Path, default=Path("/tmp/smla-e2e"))
+    ap.add_argument("--use-stored-manifest", action="store_true",
+                    help="without a carried manifest, use the one an earlier stage kept in the store")
     args = ap.parse_args(argv)
     try:
         if args.action == "stage":
-            stage(args.bundle, args.store)
+            stage(args.bundle, args.store, args.use_stored_manifest)
         else:
-            assemble(args.bundle, args.store)
+            assemble(args.bundle, args.store, args.use_stored_manifest)
     except PieceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code

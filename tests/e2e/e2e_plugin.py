@@ -16,14 +16,31 @@ selection decide the output. The values depend only on the parameter's name,
 shape, dtype and, for TP-split parameters, the TP rank, never on the attention
 backend, so the reference and our side load the same weights. vLLM's own post-load processing
 (MLA's absorbed W_UK/W_UV, MoE layouts) runs after this, as for a checkpoint.
+
+DeepSeek-V4 (tests/e2e/models/deepseek-v4-tiny) loads a generated safetensors checkpoint
+with load_format "auto" instead; describe_model() reports its attention class, mHC, output
+projection and compressor kernels per layer (`dsv4`). One harness intervention, only where
+the engine's environment asks for it: SMLA_E2E_DSV4_O_PROJ=bf16 makes DeepSeek-V4's
+attention output projection the bf16 one (`o_proj.bf16_o_proj`, no fp8 quantisation of the
+attention output) on an otherwise unchanged engine: the `ref-o16` engine of the V4 runs
+(README "DeepSeek-V4"), which measures what that choice of the portable path costs.
 """
 from __future__ import annotations
 
+import importlib.abc
 import math
+import os
+import sys
 import zlib
 
 SEED = 20261130
 _registered = False
+
+# DeepSeek-V4: force the bf16 attention output projection in this engine (the `ref-o16` side).
+DSV4_O_PROJ_ENV = "SMLA_E2E_DSV4_O_PROJ"
+DSV4_O_PROJ_MODULE = "vllm.models.deepseek_v4.nvidia.ops.o_proj"
+DSV4_PORTABLE_MODULE = "vllm.models.deepseek_v4.nvidia.portable"
+DSV4_O_PROJ_REASON = f"bf16, forced by the e2e harness ({DSV4_O_PROJ_ENV}=bf16)"
 
 
 def _tp_sharded(model) -> dict[str, int]:
@@ -89,11 +106,84 @@ def _fill(name: str, param, tp_rank: int | None = None) -> None:
     data.uniform_(-bound, bound, generator=gen)
 
 
+def _forced_o_proj() -> tuple[str, str]:
+    return "bf16", DSV4_O_PROJ_REASON
+
+
+def _patch_o_proj_module(module) -> None:
+    """Make `use_bf16_o_proj` (which every DeepSeek-V4 attention layer calls in __init__,
+    before its weights load) see "bf16"; the portable module's selector too, so that what
+    the probe reads agrees."""
+    module.select_dsv4_o_proj = _forced_o_proj
+    portable = sys.modules.get(DSV4_PORTABLE_MODULE)
+    if portable is not None:
+        portable.select_dsv4_o_proj = _forced_o_proj
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Runs `patch(module)` right after `name` is imported (the model is imported late, in
+    the worker, after the plugins are loaded)."""
+
+    def __init__(self, name: str, patch):
+        self.name, self.patch, self._spec = name, patch, None
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name or self._spec is not None:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        self._spec = spec
+        self._inner = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        # the module keeps its own loader (source lookups, reloads)
+        module.__loader__ = self._inner
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._inner
+        self.patch(module)
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+def install_dsv4_o_proj_override(environ=os.environ) -> str | None:
+    """With SMLA_E2E_DSV4_O_PROJ=bf16: force the bf16 DeepSeek-V4 output projection in this
+    process, now if the module is already imported, else right after it is. Returns what was
+    done (None: the variable is not set). Any other value is an error (a typo must not run
+    an unforced reference)."""
+    want = environ.get(DSV4_O_PROJ_ENV)
+    if not want:
+        return None
+    if want != "bf16":
+        raise ValueError(f"{DSV4_O_PROJ_ENV}={want!r}: only 'bf16' is known")
+    module = sys.modules.get(DSV4_O_PROJ_MODULE)
+    if module is not None:
+        _patch_o_proj_module(module)
+        return "patched"
+    if not any(isinstance(f, _PatchAfterImport) and f.name == DSV4_O_PROJ_MODULE for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchAfterImport(DSV4_O_PROJ_MODULE, _patch_o_proj_module))
+    return "hooked"
+
+
 def register() -> None:
-    """Entry point: register the `e2e_dummy` load format (idempotent)."""
+    """Entry point: register the `e2e_dummy` load format (idempotent); with
+    SMLA_E2E_DSV4_O_PROJ=bf16, the DeepSeek-V4 output-projection override."""
     global _registered
     if _registered:
         return
+    install_dsv4_o_proj_override()
     from vllm.model_executor.model_loader import register_model_loader
     from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
 
@@ -134,9 +224,85 @@ def describe_model(model) -> dict:
         logits = list(select_sparse_indexer_logits())
     except ImportError:
         logits = ["deepgemm", "pristine vLLM: DeepGEMM is the only CUDA indexer"]
-    return {"attention_impls": sorted(impls), "attention_backends": sorted(backends),
-            "indexer_modules": sorted(indexers), "indexer_logits": logits, "parameters": n_params,
-            "kv_cache_dtypes": sorted(kv_dtypes)}
+    out = {"attention_impls": sorted(impls), "attention_backends": sorted(backends),
+           "indexer_modules": sorted(indexers), "indexer_logits": logits, "parameters": n_params,
+           "kv_cache_dtypes": sorted(kv_dtypes)}
+    dsv4 = describe_dsv4(model)
+    if dsv4 is not None:
+        # DeepSeek-V4 builds its attention outside vLLM's Attention layers: report its
+        # classes' backends and caches in the generic fields too (report table, fp8 check)
+        out["dsv4"] = dsv4
+        out["attention_impls"] = sorted(set(out["attention_impls"]) | set(dsv4["attention_classes"]))
+        out["attention_backends"] = sorted(set(out["attention_backends"]) | set(dsv4["attention_backends"]))
+        out["kv_cache_dtypes"] = sorted(set(out["kv_cache_dtypes"]) | set(dsv4["kv_cache_dtypes"]))
+    return out
+
+
+def _has_base(obj, name: str) -> bool:
+    return any(c.__name__ == name for c in type(obj).__mro__)
+
+
+def _kernel_name(fn) -> str:
+    fn = getattr(fn, "__wrapped__", fn)
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def describe_dsv4(model) -> dict | None:
+    """DeepSeek-V4's kernels as the loaded model really holds them (None: not a V4 model).
+
+    Per attention layer (subclasses of DeepseekV4Attention): class, backend name, compress
+    ratio, KV cache dtype after `_resolve_dsv4_kv_cache_dtype`, the sliding-window cache's
+    backend, and the output projection the layer fixed at construction (`_bf16_o_proj`:
+    "bf16" or "deep_gemm"). The mHC kernels of every module holding an `mhc` kernel set
+    (decoder layers, the model's head, the MTP block). The compressor / gather / indexer-q
+    path (`cutedsl_supported()`: CuTe DSL or Triton) and the selectors' reasons, where the
+    series' `portable` module exists (pristine vLLM has neither switch: TileLang + DeepGEMM
+    mHC, DeepGEMM o_proj, CuTe DSL compressor)."""
+    layers, mhc = [], set()
+    for name, mod in model.named_modules():
+        if _has_base(mod, "DeepseekV4Attention"):
+            backend = getattr(mod, "backend_cls", None)
+            swa_layer = getattr(mod, "swa_cache_layer", None)
+            swa = swa_layer.get_attn_backend() if hasattr(swa_layer, "get_attn_backend") else None
+            bf16 = getattr(mod, "_bf16_o_proj", None)
+            layers.append({
+                "layer": name, "class": type(mod).__name__,
+                "backend": backend.get_name() if hasattr(backend, "get_name") else str(backend),
+                "compress_ratio": getattr(mod, "compress_ratio", None),
+                "kv_cache_dtype": str(getattr(mod, "kv_cache_dtype", "?")),
+                "swa_backend": swa.get_name() if hasattr(swa, "get_name") else (
+                    None if swa is None else str(swa)),
+                "o_proj": None if bf16 is None else ("bf16" if bf16 else "deep_gemm"),
+                "indexer": type(getattr(mod, "indexer", None)).__name__ if getattr(mod, "indexer", None) is not None
+                else None,
+            })
+        kernels = getattr(mod, "mhc", None)
+        if kernels is not None and hasattr(kernels, "_fields"):
+            mhc.update(f"{f}={_kernel_name(getattr(kernels, f))}" for f in kernels._fields)
+    if not layers:
+        return None
+    out = {"layers": layers, "mhc_kernels": sorted(mhc),
+           "attention_classes": sorted({x["class"] for x in layers}),
+           "attention_backends": sorted({x["backend"] for x in layers}),
+           "kv_cache_dtypes": sorted({x["kv_cache_dtype"] for x in layers}),
+           "o_proj": sorted({x["o_proj"] for x in layers if x["o_proj"] is not None}),
+           "compress_ratios": sorted({x["compress_ratio"] for x in layers if x["compress_ratio"] is not None}),
+           "breakable_cudagraph": os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH"),
+           "portable_env": os.environ.get("VLLM_DSV4_PORTABLE")}
+    try:
+        from vllm.models.deepseek_v4.nvidia.ops import cutedsl_supported
+
+        out["compressor"] = "cutedsl" if cutedsl_supported() else "triton"
+    except ImportError:  # pristine 0.26.0: CuTe DSL whenever it runs at all
+        out["compressor"] = "cutedsl (pristine vLLM)"
+    try:
+        from vllm.models.deepseek_v4.nvidia import portable
+
+        out["mhc_reason"] = portable.select_dsv4_mhc_kernels()[1]
+        out["o_proj_reason"] = portable.select_dsv4_o_proj()[1]
+    except (ImportError, AttributeError):
+        out["mhc_reason"] = out["o_proj_reason"] = "pristine vLLM"
+    return out
 
 
 def worker_cudagraphs(worker) -> dict:

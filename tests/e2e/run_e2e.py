@@ -30,6 +30,17 @@ kernel, reading every key from the fp8 cache, as our backend does for fp16 + fp8
 calibration of the fp16 fp8 `ours`, README "fp8 KV cache"). Every engine records the KV
 cache dtype it used and the capacity vLLM logged.
 
+DeepSeek-V4 (--models deepseek-v4-tiny; README "DeepSeek-V4"): a real tiny checkpoint that
+make_checkpoint.py generates on the machine once (kept in /tmp/smla-e2e/models while the
+machine stays warm; the generation is timed), load_format "auto", bf16, kv_cache_dtype "fp8"
+(V4's fp8_ds_mla cache; V4 has no 16-bit cache on these classes), engines named
+tpN-deepseek-v4-tiny-bfloat16-fp8kv-side. Sides: `ref` = the upstream kernels the wheel picks
+on the GPU (FlashMLA attention, DeepGEMM indexer and o_proj; mHC on TileLang and the
+compressor on CuTe DSL where those packages are installed, --v4-ref-kernels); `ref2` = `ref`
+with another prefill chunk size (the calibration: upstream vs upstream); `ref-o16` = `ref`
+with the bf16 output projection of the portable path (SMLA_E2E_DSV4_O_PROJ=bf16, e2e_plugin);
+`ours` = VLLM_DSV4_PORTABLE=1 + the Triton indexer (the whole portable path).
+
 Runs on the GPU machine (tests/e2e/device-run.sh); needs no network.
 """
 from __future__ import annotations
@@ -47,10 +58,28 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from compare import engine_name  # noqa: E402  (one naming rule for both modules)
+from compare import V4_MODELS, engine_name  # noqa: E402  (one naming rule for both modules)
 
 MODELS = {"deepseek-v32-tiny": HERE / "models" / "deepseek-v32-tiny",
-          "glm5-tiny": HERE / "models" / "glm5-tiny"}
+          "glm5-tiny": HERE / "models" / "glm5-tiny",
+          "deepseek-v4-tiny": HERE / "models" / "deepseek-v4-tiny"}
+# --models default: the DSA models of the first runs (their commands in README keep meaning
+# what they meant); DeepSeek-V4 is asked for by name.
+DEFAULT_MODELS = ["deepseek-v32-tiny", "glm5-tiny"]
+# DeepSeek-V4: a generated checkpoint (models/deepseek-v4-tiny/make_checkpoint.py), not e2e_dummy
+# weights (vLLM's dummy loader skips the model's load_weights, which builds layer 0's mHC
+# broadcast weights). V4_MODELS (compare.py) lists them.
+V4_CHECKPOINTS = Path("/tmp/smla-e2e/models")  # the device store: kept while the machine is warm
+V4_DTYPE = "bfloat16"  # mHC asserts bf16
+V4_KV = "fp8"  # _resolve_dsv4_kv_cache_dtype asserts an fp8 cache for the fp8_ds_mla classes
+V4_SIDES = ("ref", "ref2", "ref-o16", "ours")
+V4_PORTABLE_SWITCH = "VLLM_DSV4_PORTABLE"  # patch 0020: the one switch of the portable path
+V4_O_PROJ_SWITCH = "SMLA_E2E_DSV4_O_PROJ"  # e2e_plugin: the `ref-o16` engine
+# `ref2`: the upstream engine with another prefill chunk size. No second upstream DeepSeek-V4
+# attention kernel runs on sm90 (FlashInfer's DSV4 classes are sm100 / sm12x), so the
+# calibration swaps the batch shapes (GEMM tilings, chunk boundaries) instead of a kernel.
+V4_REF2_BATCHED_TOKENS = 1024
+V4_REF_KERNELS = ("available", "complete")
 # What pristine 0.26.0 selects on sm90 for these models, bf16 and fp16 (seen in the
 # validation run with auto selection, tests/e2e/results/); forced so that the patched
 # wheel's priority list cannot change the reference.
@@ -167,8 +196,28 @@ def kv_cache_record(vllm_config, log_path: Path) -> dict:
     return rec
 
 
+def is_v4(model: str) -> bool:
+    return model in V4_MODELS
+
+
+def v4_engine_kwargs(spec: dict) -> dict:
+    """vllm.LLM(...) arguments of a DeepSeek-V4 engine: the generated checkpoint (load_format
+    "auto"), bf16, the fp8 cache, the same workload settings as the other models (chunked
+    prefill, prefix caching, MTP 1 token, CUDA graphs in vLLM's default mode: V4 turns on
+    the breakable CUDA graph itself); no attention backend anywhere (V4 picks its attention
+    class in `_select_dsv4_attn_cls`; VLLM_DSV4_PORTABLE in the engine's environment is the
+    switch), so the MTP drafter selects as the target does."""
+    return dict(ENGINE, model=spec["model_dir"], dtype=spec["dtype"], tensor_parallel_size=spec["tp"],
+                kv_cache_memory_bytes=spec["kv_bytes"], load_format="auto", kv_cache_dtype=spec["kv_cache_dtype"],
+                max_num_batched_tokens=spec.get("max_num_batched_tokens") or ENGINE["max_num_batched_tokens"],
+                speculative_config=dict(ENGINE["speculative_config"]),
+                compilation_config=dict(ENGINE["compilation_config"]))
+
+
 def engine_kwargs(spec: dict) -> dict:
     """The vllm.LLM(...) arguments of one engine."""
+    if is_v4(spec["model"]):
+        return v4_engine_kwargs(spec)
     kwargs = dict(ENGINE, model=spec["model_dir"], dtype=spec["dtype"],
                   tensor_parallel_size=spec["tp"], kv_cache_memory_bytes=spec["kv_bytes"])
     att = {}
@@ -324,6 +373,45 @@ def side_backend(side: str, kv: str, ref_backend: str) -> str | None:
     return None if ref_backend == "auto" else ref_backend
 
 
+def v4_side_env(side: str, ref_kernels: str, ours_env: dict) -> dict:
+    """The environment that makes a DeepSeek-V4 side.
+
+    ours:    VLLM_DSV4_PORTABLE=1 (patch 0020: DeepseekV4TritonAttention, torch/Triton mHC,
+             bf16 o_proj, Triton compressor / gathers / indexer q) + the Triton indexer
+             logits; --ours-env on top.
+    ref:     the upstream kernels: VLLM_DSV4_PORTABLE=auto (--v4-ref-kernels available: what the
+             wheel picks on the GPU with the packages there) or 0 (complete: TileLang mHC and
+             DeepGEMM o_proj forced; the probe then also requires the CuTe DSL compressor), the
+             DeepGEMM indexer.
+    ref2:    as ref (its prefill chunk size differs: job field max_num_batched_tokens).
+    ref-o16: as ref, plus SMLA_E2E_DSV4_O_PROJ=bf16 (e2e_plugin: the bf16 output projection)."""
+    if side == "ours":
+        return {V4_PORTABLE_SWITCH: "1", **ours_env}
+    env = {V4_PORTABLE_SWITCH: "0" if ref_kernels == "complete" else "auto", INDEXER_SWITCH: "deepgemm"}
+    if side == "ref-o16":
+        env[V4_O_PROJ_SWITCH] = "bf16"
+    return env
+
+
+def v4_jobs(args, tp: int, model: str, base_env: dict, ours_env: dict) -> list[dict]:
+    """The DeepSeek-V4 engines of one TP: bf16 only, fp8 cache whatever --kv-dtypes says,
+    sides in V4_SIDES order among --sides."""
+    if V4_DTYPE not in args.dtypes:
+        return []
+    ref_kernels = getattr(args, "v4_ref_kernels", "available")
+    root = Path(getattr(args, "v4_checkpoints", V4_CHECKPOINTS))
+    jobs = []
+    for side in (s for s in V4_SIDES if s in args.sides):
+        jobs.append({"name": engine_name(tp, model, V4_DTYPE, side, V4_KV), "model": model,
+                     "model_dir": str(root / model), "dtype": V4_DTYPE, "side": side, "tp": tp,
+                     "kv_cache_dtype": V4_KV, "mqa": False, "backend": None,
+                     "env": dict(base_env, **v4_side_env(side, ref_kernels, ours_env)),
+                     "force_mqa": False, "kv_bytes": args.kv_gib << 30, "load_format": "auto",
+                     "max_num_batched_tokens": V4_REF2_BATCHED_TOKENS if side == "ref2" else None,
+                     "v4_ref_kernels": ref_kernels})
+    return jobs
+
+
 def build_jobs(args) -> list[dict]:
     ours_env = dict(kv.split("=", 1) for kv in args.ours_env)
     base_env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
@@ -332,6 +420,9 @@ def build_jobs(args) -> list[dict]:
     jobs = []
     for tp in args.tp:
         for model in args.models:
+            if is_v4(model):
+                jobs += v4_jobs(args, tp, model, base_env, ours_env)
+                continue
             for kv in getattr(args, "kv_dtypes", ["auto"]):
                 for dtype in args.dtypes:
                     for side in sides_for(dtype, kv, args.sides):
@@ -345,6 +436,109 @@ def build_jobs(args) -> list[dict]:
                                          "force_mqa": bool(args.force_mqa or mqa),
                                          "kv_bytes": args.kv_gib << 30})
     return jobs
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checkpoint_key(model: str) -> str:
+    """What the generated checkpoint depends on: the generator and the config (the seed and
+    the expert format are the generator's defaults)."""
+    import hashlib
+
+    d = MODELS[model]
+    h = hashlib.sha256()
+    for f in ("make_checkpoint.py", "config.json"):
+        h.update(f.encode() + b"\0" + (d / f).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def ensure_checkpoint(model: str, root: Path, python: str = sys.executable) -> dict:
+    """The model's generated checkpoint in root/model: reused when a previous call of this
+    machine made it from the same generator and config (stamp file), else generated now
+    (make_checkpoint.py, timed). Returns what the summary records."""
+    out = Path(root) / model
+    stamp = out / ".e2e-stamp.json"
+    key = checkpoint_key(model)
+    rec = {"model": model, "dir": str(out), "key": key}
+    st = out / "model.safetensors"
+    if stamp.is_file() and st.is_file() and (out / "config.json").is_file():
+        old = json.loads(stamp.read_text())
+        if old.get("key") == key and old.get("bytes") == st.stat().st_size:
+            t = time.perf_counter()
+            digest = _sha256(st)
+            if digest == old.get("sha256"):
+                rec.update(old, cached=True, hash_s=round(time.perf_counter() - t, 2))
+                return rec
+    if out.exists():
+        shutil.rmtree(out)
+    t = time.perf_counter()
+    import subprocess
+
+    proc = subprocess.run([python, str(MODELS[model] / "make_checkpoint.py"), str(out)],
+                          capture_output=True, text=True)
+    gen_s = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"make_checkpoint.py failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    t = time.perf_counter()
+    digest = _sha256(st)
+    made = {"key": key, "generate_s": round(gen_s, 1), "bytes": st.stat().st_size, "sha256": digest,
+            "generator_output": proc.stdout.strip()[-500:]}
+    stamp.write_text(json.dumps(made, indent=1) + "\n")
+    rec.update(made, cached=False, hash_s=round(time.perf_counter() - t, 2))
+    return rec
+
+
+def prepare_checkpoints(jobs: list[dict], root: Path) -> tuple[dict, list[str]]:
+    """ensure_checkpoint for every generated-checkpoint model among the jobs; a model whose
+    checkpoint cannot be made fails its engines (named in the returned errors), not the run."""
+    done, errors = {}, []
+    for model in dict.fromkeys(j["model"] for j in jobs if is_v4(j["model"])):
+        try:
+            done[model] = ensure_checkpoint(model, root)
+            print(f"checkpoint {model}: {done[model]['dir']} "
+                  + ("reused" if done[model]["cached"] else f"generated in {done[model]['generate_s']} s"),
+                  flush=True)
+        except Exception as exc:
+            done[model] = {"model": model, "error": f"{type(exc).__name__}: {exc}"}
+            errors.append(model)
+            print(f"checkpoint {model}: FAILED {exc}", flush=True)
+    return done, errors
+
+
+# Device-time estimate of one `run` call (run_e2e.py --plan). Assumptions, in seconds:
+# install: unpack + pip of the reduced wheel + deps (the series run's last call took 201 s
+# around 175 s of engines); per engine wave: start-up + the two passes. DSA models: start-up seen 109-175 s with 7-16 engines at once (torch.compile,
+# CUDA-graph capture, DeepGEMM JIT), passes 4-10 s. DeepSeek-V4: never run; no torch.compile
+# (breakable CUDA graph, compilation mode NONE) but DeepGEMM JIT of the fp8 GEMMs / einsum /
+# prenorm GEMM, Triton JIT of the portable kernels, CuTe DSL and TileLang JIT where installed,
+# Marlin MXFP4 repacking: assumed 240 s, passes 60 s. The checkpoint: generated once per
+# machine, CHECKPOINT_S (measured on the CPU machine where the series is prepared: see
+# README "DeepSeek-V4"; the H200 host's cores are assumed no slower), 0 when reused.
+ESTIMATE = {"install_s": 40, "compare_s": 15, "dsa_start_s": 175, "dsa_passes_s": 15,
+            "v4_start_s": 240, "v4_passes_s": 60, "checkpoint_s": 60}
+
+
+def estimate(jobs: list[dict], parallel: int, checkpoint_cached: bool = False) -> dict:
+    """Wall seconds of the `run` call that runs these jobs (after the staging calls), by the
+    assumptions in ESTIMATE: all engines of a wave start together and a wave lasts as long
+    as its slowest engine."""
+    waves = [jobs[i:i + parallel] for i in range(0, len(jobs), parallel)] if jobs else []
+    per = [max((ESTIMATE["v4_start_s"] + ESTIMATE["v4_passes_s"]) if is_v4(j["model"])
+               else (ESTIMATE["dsa_start_s"] + ESTIMATE["dsa_passes_s"]) for j in w) for w in waves]
+    ckpt = 0 if checkpoint_cached or not any(is_v4(j["model"]) for j in jobs) else ESTIMATE["checkpoint_s"]
+    total = ESTIMATE["install_s"] + ckpt + sum(per) + ESTIMATE["compare_s"]
+    slowest = max(per, default=0)
+    return {"engines": len(jobs), "waves": len(waves), "wave_s": per, "checkpoint_s": ckpt,
+            "install_s": ESTIMATE["install_s"], "compare_s": ESTIMATE["compare_s"], "total_s": total,
+            "engine_timeout_needed_s": slowest}
 
 
 def select_jobs(args) -> list[dict]:
@@ -396,9 +590,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/smla-e2e-out")))
     ap.add_argument("--results", type=Path, default=Path("/tmp/smla-e2e/results"),
                     help="raw per-engine arrays and logs (large; stays on the machine)")
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=list(MODELS),
+                    help="default: the DSA models (DeepSeek-V3.2, GLM-5); deepseek-v4-tiny on request")
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
-    ap.add_argument("--sides", nargs="+", default=["ref", "ours"], choices=["ref", "ref2", "ours"])
+    ap.add_argument("--sides", nargs="+", default=["ref", "ours"], choices=["ref", "ref2", "ref-o16", "ours"],
+                    help="ref-o16: DeepSeek-V4 only (the upstream engine with the bf16 output projection)")
     ap.add_argument("--tp", nargs="+", type=int, default=[1])
     ap.add_argument("--kv-dtypes", nargs="+", default=["auto"], choices=list(KV_DTYPES),
                     help="KV cache dtypes: auto (the model dtype) and/or fp8 (fp8_ds_mla for sparse MLA); "
@@ -420,25 +616,54 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="run only the engines whose name (tpN-model-dtype-side, "
                          "tpN-model-dtype-fp8kv-side, tpN-model-bfloat16-fp8kv-mqa-side) matches (re.search)")
     ap.add_argument("--bounds", type=Path, default=HERE / "bounds.json")
+    ap.add_argument("--v4-ref-kernels", choices=V4_REF_KERNELS, default="available",
+                    help="DeepSeek-V4 `ref`/`ref2`/`ref-o16`: 'available' = FlashMLA + DeepGEMM indexer + "
+                         "DeepGEMM o_proj required, mHC and compressor as the installed packages allow "
+                         "(recorded); 'complete' = also TileLang mHC and the CuTe DSL compressor required "
+                         "(pristine 0.26.0's whole path; needs tilelang and nvidia-cutlass-dsl installed)")
+    ap.add_argument("--v4-checkpoints", type=Path, default=V4_CHECKPOINTS,
+                    help="where DeepSeek-V4's generated checkpoint is made and reused")
+    ap.add_argument("--plan", action="store_true",
+                    help="print the engines (name, environment, LLM arguments) and the device-time "
+                         "estimate as JSON, run nothing")
     args = ap.parse_args(argv)
     if args.ours_env is None:
         args.ours_env = [f"{INDEXER_SWITCH}=triton"]
     return args
 
 
+def plan(args, jobs: list[dict]) -> dict:
+    """What --plan prints: every engine's name, environment and LLM(...) arguments, and the
+    estimate (checkpoint counted as not yet made)."""
+    return {"engines": [{"name": j["name"], "env": j["env"], "llm_kwargs": engine_kwargs(j)} for j in jobs],
+            "estimate": estimate(jobs, args.parallel), "parallel": args.parallel,
+            "engine_timeout": args.engine_timeout}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     jobs = select_jobs(args)
+    if args.plan:
+        print(json.dumps(plan(args, jobs), indent=1, default=str))
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     if args.results.exists():
         shutil.rmtree(args.results)  # never compare against a previous call's engines
     args.results.mkdir(parents=True)
     (args.results / "jobs.json").write_text(json.dumps(jobs, indent=1))
     t0 = time.perf_counter()
-    run_jobs(jobs, args, args.results)
+    checkpoints, failed = prepare_checkpoints(jobs, args.v4_checkpoints)
+    for job in [j for j in jobs if j["model"] in failed]:
+        d = args.results / job["name"]
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "meta.json").write_text(json.dumps({"ok": False, "spec": job, "error": "checkpoint: "
+                                                 + checkpoints[job["model"]]["error"]}))
+    run_jobs([j for j in jobs if j["model"] not in failed], args, args.results)
     from compare import compare_all, write_report
 
     summary = compare_all(jobs, args.results, json.loads(args.bounds.read_text()))
+    if checkpoints:
+        summary["checkpoints"] = checkpoints
     summary["command"] = " ".join(sys.argv)
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True, default=str) + "\n")
