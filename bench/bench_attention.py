@@ -55,7 +55,7 @@ R, P, BS, TOPK = 512, 64, 64, 2048
 NOPE = 128  # qk_nope_head_dim (DeepSeek-V3.2); the rope slice starts here
 SCALE = (NOPE + P) ** -0.5
 NUM_BLOCKS = 4096  # 262,144 slots: 302 MB bf16, 172 MB fp8 (> the 60 MB L2)
-HEADS = [8, 16, 64, 128]
+HEADS = [8, 16, 32, 64, 128]  # 32: DeepSeek-V3.2 at TP 4, the serving run's slowest fp8 cell
 TOKENS = [1, 64, 1024, 4096]
 GRAPH_MAX_TOKENS = 64
 FP8_ROW = row_bytes(R, P)
@@ -202,6 +202,7 @@ def main() -> None:
                 torch.cuda.empty_cache()
     if args.sweep:
         for cache, H, T in (("fp8_ds_mla", 8, 4096), ("fp8_ds_mla", 16, 1024),
+                            ("fp8_ds_mla", 32, 64), ("fp8_ds_mla", 32, 4096),
                             ("fp8_ds_mla", 64, 1024), ("fp8_ds_mla", 128, 1024)):
             kv = caches[cache]
             ql, qpe = engine_query(T, H, gen)
