@@ -7,13 +7,11 @@ with the argument expressions of DeepseekV4TritonAttention._forward_decode
 evaluated over the tensors below; the split-K scratch is a view of one workspace
 buffer, sized as the class sizes it.  Upstream: flash_mla_with_kvcache with the
 argument expressions of DeepseekV4FlashMLAAttention._forward_decode (flashmla.py of
-the same tree), from vLLM 0.26.0's wheel: its flash_mla_interface.py when
-SMLA_FLASHMLA_INTERFACE names it, else a replica of that file's sparse branch calling
-torch.ops._flashmla_C.sparse_decode_fwd (SMLA_FLASHMLA_SO); its tile-scheduler
+the same tree), from vLLM 0.26.0's wheel: its flash_mla_interface.py
+(SMLA_FLASHMLA_INTERFACE) over its _flashmla_C (SMLA_FLASHMLA_SO); its tile-scheduler
 metadata is made by one call before the timed region (in the engine the first layer
-of each kind makes it inside the step's graph).  Without the tree's two files (the
-bundle may lack them) the frozen call forms below are used, and the JSON says so;
-tests/test_bench_dsv4.py holds the frozen forms to the tree's.
+of each kind makes it inside the step's graph).  Both class files must be in the tree
+given (tests/gpu/make-bundle.sh copies them into the bundle's kern/).
 
 Tensors as the engine lays them out (64 heads: V4's padded heads, bf16):
   q        [B, 64, 512] bf16; out the same (the output slice of the layer)
@@ -41,7 +39,7 @@ float64 on the first 2 tokens.  Output: OUT_DIR/dsv4.json {"copy_tbps", "rows"}.
   python bench/bench_dsv4.py OUT_DIR --cpu-smoke   (TRITON_INTERPRET=1, tiny shapes,
         fp16 (the interpreter has no bf16 arithmetic), ours only, vs float64)
 env: SMLA_TREE (the patched tree or the bundle's kern/), SMLA_TREE_BEFORE (optional),
-     SMLA_FLASHMLA_SO, SMLA_FLASHMLA_INTERFACE (optional)
+     SMLA_FLASHMLA_SO, SMLA_FLASHMLA_INTERFACE
 """
 from __future__ import annotations
 
@@ -71,23 +69,6 @@ TRITON_CLASS = ("vllm/models/deepseek_v4/nvidia/triton_sparse.py", "DeepseekV4Tr
                 "sparse_mla_dsv4_decode")
 FLASHMLA_CLASS = ("vllm/models/deepseek_v4/nvidia/flashmla.py", "DeepseekV4FlashMLAAttention",
                   "flash_mla_with_kvcache")
-# The call forms (positional argument expressions, (keyword, expression) pairs) of the two
-# classes' _forward_decode at the series' head, used when the tree's files are absent.
-OURS_FORM = (["q", "self.swa_cache_layer.kv_cache", "swa_indices", "swa_metadata.decode_swa_lens",
-              "self.scale"],
-             [("attn_sink", "self.attn_sink"), ("extra_k_cache", "kv_cache"),
-              ("extra_indices", "topk_indices"), ("extra_topk_length", "topk_lens"),
-              ("out", "output"), ("scratch", "scratch")])
-FLASHMLA_FORM = ([],
-                 [("q", "q"), ("k_cache", "swa_cache"), ("block_table", "None"),
-                  ("head_dim_v", "512"), ("tile_scheduler_metadata", "tile_metadata"),
-                  ("cache_seqlens", "None"), ("is_fp8_kvcache", "True"),
-                  ("indices", "swa_indices"), ("topk_length", "swa_lens"),
-                  ("softmax_scale", "self.scale"), ("attn_sink", "self.attn_sink"),
-                  ("extra_k_cache", "kv_cache if not swa_only else None"),
-                  ("extra_indices_in_kvcache", "topk_indices"),
-                  ("extra_topk_length", "topk_lens"), ("out", "output.unsqueeze(1)")])
-
 HEAD_DIM, ROW_BYTES = 512, 584
 SCALE = HEAD_DIM ** -0.5  # DeepseekV4Attention.scale = head_dim ** -0.5
 HEADS = 64
@@ -119,20 +100,16 @@ def call_form(src: str, cls: str, func: str):
 
 
 def engine_forms(root: Path | None = None):
-    """(ours form, FlashMLA form, where they came from): the tree's when its files are
-    there (a drift from the frozen forms is reported), else the frozen ones."""
+    """(ours form, FlashMLA form): the calls of the two classes' _forward_decode in the tree."""
     root = tree() if root is None else root
-    forms, origin = [], []
-    for (rel, cls, func), frozen in ((TRITON_CLASS, OURS_FORM), (FLASHMLA_CLASS, FLASHMLA_FORM)):
+    forms = []
+    for rel, cls, func in (TRITON_CLASS, FLASHMLA_CLASS):
         path = root / rel
-        if path.is_file():
-            form = call_form(path.read_text(), cls, func)
-            origin.append("tree" if form == (frozen[0], frozen[1]) else "tree (differs from frozen)")
-            forms.append(form)
-        else:
-            forms.append(frozen)
-            origin.append("frozen")
-    return forms[0], forms[1], dict(zip(("ours", "flashmla"), origin))
+        if not path.is_file():
+            raise SystemExit(f"{path} is missing: SMLA_TREE must be the patched tree or a bundle "
+                             "kern/ made by tests/gpu/make-bundle.sh")
+        forms.append(call_form(path.read_text(), cls, func))
+    return forms[0], forms[1]
 
 
 def evaluate(form, ns: dict):
@@ -236,45 +213,21 @@ class Ours:
         return self.mod.sparse_mla_dsv4_decode(*self.args, **self.kw)
 
 
-class _SchedMeta:
-    """FlashMLASchedMeta's fields (the replica's)."""
-    have_initialized = False
-    tile_scheduler_metadata = None
-    num_splits = None
-
-
-def _replica_flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
-                                    tile_scheduler_metadata, num_splits=None, softmax_scale=None,
-                                    causal=False, is_fp8_kvcache=False, indices=None,
-                                    attn_sink=None, extra_k_cache=None,
-                                    extra_indices_in_kvcache=None, topk_length=None,
-                                    extra_topk_length=None, out=None):
-    """The sparse branch of vLLM 0.26.0's flash_mla_interface.flash_mla_with_kvcache."""
-    meta = tile_scheduler_metadata
-    assert indices is not None and is_fp8_kvcache and not causal and num_splits is None
-    meta.have_initialized = True
-    o, lse, meta.tile_scheduler_metadata, meta.num_splits = torch.ops._flashmla_C.sparse_decode_fwd(
-        q, k_cache, indices, topk_length, attn_sink, meta.tile_scheduler_metadata,
-        meta.num_splits, extra_k_cache, extra_indices_in_kvcache, extra_topk_length,
-        head_dim_v, softmax_scale, out)
-    return o, lse
-
-
 def flashmla_interface():
-    """(flash_mla_with_kvcache, new sched meta, origin) from the wheel's interface file
-    (SMLA_FLASHMLA_INTERFACE) or the replica."""
+    """(flash_mla_with_kvcache, its scheduler-metadata class) from the wheel's interface file."""
     torch.ops.load_library(os.environ["SMLA_FLASHMLA_SO"])
-    path = os.environ.get("SMLA_FLASHMLA_INTERFACE")
-    if path and Path(path).is_file():
-        import importlib.util
+    path = Path(os.environ.get("SMLA_FLASHMLA_INTERFACE", ""))
+    if not path.is_file():
+        raise SystemExit("SMLA_FLASHMLA_INTERFACE must name the wheel's "
+                         "vllm/third_party/flashmla/flash_mla_interface.py (bundle fm/)")
+    import importlib.util
 
-        # its `import vllm._flashmla_C` only loads the library, loaded above
-        sys.modules.setdefault("vllm._flashmla_C", types.ModuleType("vllm._flashmla_C"))
-        spec = importlib.util.spec_from_file_location("smla_flash_mla_interface", path)
-        m = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(m)
-        return m.flash_mla_with_kvcache, m.FlashMLASchedMeta, "wheel interface"
-    return _replica_flash_mla_with_kvcache, _SchedMeta, "replica of the interface's sparse branch"
+    # its `import vllm._flashmla_C` only loads the library, loaded above
+    sys.modules.setdefault("vllm._flashmla_C", types.ModuleType("vllm._flashmla_C"))
+    spec = importlib.util.spec_from_file_location("smla_flash_mla_interface", path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m.flash_mla_with_kvcache, m.FlashMLASchedMeta
 
 
 class FlashMLA:
@@ -314,16 +267,12 @@ def f64_err(tm, caches, x, out, n=2) -> float:
 
 def cpu_smoke(out_dir: Path) -> int:
     mod = load_tree_module(tree(), KERNEL, "smla_dsv4", interpret=True)
-    form, fm_form, origin = engine_forms()
+    form, _ = engine_forms()
     tm = series_test_module("cpu")
     gen = torch.Generator().manual_seed(0)
     s = SMOKE
     caches = make_caches(tm, s["pool"], "cpu", gen)
     rows, bad = [], 0
-    if origin != {"ours": "tree", "flashmla": "tree"}:  # the frozen forms drifted from the tree
-        print(f"call forms: {origin}: update OURS_FORM/FLASHMLA_FORM and step_inputs/ns_for",
-              flush=True)
-        bad += 1
     for layer in LAYERS:
         x = step_inputs(layer, s["batch"], s["heads"], s["context"], s["window"], s["topk"],
                         caches, torch.float16, "cpu", gen)
@@ -332,19 +281,14 @@ def cpu_smoke(out_dir: Path) -> int:
         ret = ours()
         assert ret is x["output"], "the call must write the layer's output in place"
         err = f64_err(tm, caches, x, ret, n=s["batch"])
-        # FlashMLA's call binds to flash_mla_with_kvcache's signature (no op called here)
-        import inspect
-
-        fm_args, fm_kw = evaluate(fm_form, ns_for(x, tile_metadata=_SchedMeta(), flashmla=True))
-        inspect.signature(_replica_flash_mla_with_kvcache).bind(*fm_args, **fm_kw)
         r = dict(call="cpu-smoke", layer=layer, heads=s["heads"], batch=s["batch"],
                  context=s["context"], bytes=gathered_rows(x) * ROW_BYTES,
-                 rows_gathered=gathered_rows(x), rel_err_vs_f64=err, call_form=origin["ours"])
+                 rows_gathered=gathered_rows(x), rel_err_vs_f64=err)
         bad += not (err < SMOKE_BOUND and torch.isfinite(ret).all())
         rows.append(r)
         print(json.dumps(r), flush=True)
     (out_dir / "dsv4-cpu-smoke.json").write_text(
-        json.dumps(dict(call_forms=origin, rows=rows), indent=1) + "\n")
+        json.dumps(dict(rows=rows), indent=1) + "\n")
     return 1 if bad else 0
 
 
@@ -357,12 +301,12 @@ def main() -> None:
     if before_tree and not (Path(before_tree) / KERNEL).is_file():
         os.environ.pop("SMLA_TREE_BEFORE")  # an earlier series without the V4 kernel
     mod, before = kernel_modules(KERNEL, "smla_dsv4")
-    ours_form, fm_form, origin = engine_forms()
+    ours_form, fm_form = engine_forms()
     fm = None
     if os.environ.get("SMLA_FLASHMLA_SO"):
-        fm_fn, fm_meta, origin["flashmla_call"] = flashmla_interface()
+        fm_fn, fm_meta = flashmla_interface()
     bw = copy_tbps()
-    print(f"copy {bw:.2f} TB/s  device {torch.cuda.get_device_name(0)}  forms {origin}", flush=True)
+    print(f"copy {bw:.2f} TB/s  device {torch.cuda.get_device_name(0)}", flush=True)
     tm = series_test_module("cuda")
     gen = torch.Generator().manual_seed(0)
     caches = make_caches(tm, POOL_ENTRIES, "cuda", gen)
@@ -409,7 +353,7 @@ def main() -> None:
                 fm = None
                 torch.cuda.empty_cache()
     res = dict(copy_tbps=bw, device=torch.cuda.get_device_name(0), torch=torch.__version__,
-               triton=triton.__version__, call_forms=origin, rows=rows)
+               triton=triton.__version__, rows=rows)
     (args.out_dir / "dsv4.json").write_text(json.dumps(res, indent=1) + "\n")
 
 

@@ -35,7 +35,7 @@ def main(d: Path) -> None:
     v = d / "dsv4.json"
     if v.is_file():
         res = json.loads(v.read_text())
-        print(f"dsv4 decode (copy {res['copy_tbps']:.2f} TB/s, call forms {res.get('call_forms')})")
+        print(f"dsv4 decode (copy {res['copy_tbps']:.2f} TB/s)")
         table(res["rows"], ["layer", "heads", "batch", "context", "ours_us", "flashmla_us",
                             "ours_vs_flashmla", "pct_copy_bw", "flashmla_pct_copy_bw",
                             "rel_err_vs_flashmla", "rel_err_vs_f64", "flashmla_error"])
