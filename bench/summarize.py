@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Print the attention and indexer benchmark results (attention.json,
-indexer.json in DIR) as short tables.  usage: python bench/summarize.py DIR"""
+"""Print the attention, DeepSeek-V4 decode and indexer benchmark results (attention.json,
+dsv4.json, indexer.json in DIR) as short tables.  usage: python bench/summarize.py DIR"""
 from __future__ import annotations
 
 import json
@@ -32,6 +32,13 @@ def main(d: Path) -> None:
                "before_us", "flat_us", "stride2x_us", "pct_copy_bw", "rel_err_vs_f64"])
         table([r for r in res["rows"] if r["call"] == "host"],
               ["cache", "heads", "host_us", "before_host_us"])
+    v = d / "dsv4.json"
+    if v.is_file():
+        res = json.loads(v.read_text())
+        print(f"dsv4 decode (copy {res['copy_tbps']:.2f} TB/s)")
+        table(res["rows"], ["layer", "heads", "batch", "context", "ours_us", "flashmla_us",
+                            "ours_vs_flashmla", "pct_copy_bw", "flashmla_pct_copy_bw",
+                            "rel_err_vs_flashmla", "rel_err_vs_f64", "flashmla_error"])
     i = d / "indexer.json"
     if i.is_file():
         res = json.loads(i.read_text())

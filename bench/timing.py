@@ -1,6 +1,7 @@
 """Helpers shared by the benchmarks (GPU only).
 
-- ``parse_args(doc)``: OUT_DIR [--quick] [--sweep], OUT_DIR created.
+- ``parse_args(doc, extra)``: OUT_DIR [--quick] [--sweep] (+ what ``extra(parser)``
+  adds), OUT_DIR created.
 - ``kernel_modules(rel, prefix)``: (the kernel file ``rel`` of SMLA_TREE,
   the same file of SMLA_TREE_BEFORE or None), loaded by path.
 
@@ -29,11 +30,13 @@ sys.path.insert(0, str(REPO / "tests"))
 from sparse_mla_reference import load_tree_module  # noqa: E402
 
 
-def parse_args(doc: str | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=doc)
+def parse_args(doc: str | None = None, extra=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir")
     ap.add_argument("--quick", action="store_true", help="a smoke grid")
     ap.add_argument("--sweep", action="store_true", help="also time other launch configs")
+    if extra is not None:
+        extra(ap)
     args = ap.parse_args()
     args.out_dir = Path(args.out_dir)
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,10 @@
 #   speed    carry .gpu-port/so .gpu-port/fm .gpu-port/dg.tar.xz .gpu-port/kern [.gpu-port/before]
 #            (FlashMLA, DeepGEMM, the kernel files and the series' tests/kernels/attention tests;
 #            before/: an earlier series' kernel files): GPU tests, the series' own tests,
-#            the engine-form attention benchmark vs FlashMLA and the indexer benchmark vs DeepGEMM
+#            the engine-form attention benchmark vs FlashMLA and the indexer benchmark vs DeepGEMM;
+#            with SMLA_BENCH_DSV4=1 also the DeepSeek-V4 decode benchmark (bench/bench_dsv4.py)
+#   dsv4     carry .gpu-port/fm .gpu-port/kern : the DeepSeek-V4 decode benchmark alone, ours vs
+#            FlashMLA (bench/bench_dsv4.py; $OUT/dsv4.json, bench-dsv4.log)
 # installed and fp8 pack their logs into $OUT/logs.tar.xz (a call returns at most 8 files).
 # usage (repo root): bash tests/gpu/device-run.sh all|kernels|backend|bench [pytest args]
 # Results under $OUT: gpu-env.txt, gpu-tests-<phase>.log, gpu-results.jsonl, bench/ (kernels).
@@ -147,6 +150,7 @@ case "$phase" in
       SMLA_FLASHMLA_SO=$work/_flashmla_C.abi3.so SMLA_DEEPGEMM_DIR=$work/dg \
       CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
     [ -d "$b/before" ] && export SMLA_TREE_BEFORE=$PWD/$b/before
+    [ -f "$b/fm/flash_mla_interface.py" ] && export SMLA_FLASHMLA_INTERFACE=$PWD/$b/fm/flash_mla_interface.py
     export SMLA_GPU_RESULTS=$out/gpu-results.jsonl SMLA_FP8_RESULTS=$out/fp8-gpu-results.jsonl \
       SMLA_INDEXER_RESULTS=$out/indexer-gpu-results.jsonl
     rc=0
@@ -167,11 +171,28 @@ case "$phase" in
       || echo "bench_attention exit $?" | tee -a "$out/bench-attention.log"
     timeout 150 python3 bench/indexer/bench_indexer.py "$out" ${SMLA_BENCH_ARGS:-} > "$out/bench-indexer.log" 2>&1 \
       || echo "bench_indexer exit $?" | tee -a "$out/bench-indexer.log"
+    if [ "${SMLA_BENCH_DSV4:-0}" = 1 ]; then
+      timeout 200 python3 bench/bench_dsv4.py "$out" ${SMLA_BENCH_ARGS:-} > "$out/bench-dsv4.log" 2>&1 \
+        || echo "bench_dsv4 exit $?" | tee -a "$out/bench-dsv4.log"
+    fi
     python3 bench/summarize.py "$out" | tee "$out/summary.txt" || true
     # everything in one archive, the summaries beside it (<= 8 files come back)
     tar -C "$out" -cJf /tmp/smla-speed-logs.tar.xz . && mv /tmp/smla-speed-logs.tar.xz "$out/logs.tar.xz"
     find "$out" -mindepth 1 -not -name logs.tar.xz -not -name '*.json' -not -name summary.txt \
       -not -name gpu-tests-speed.log -not -name 'gpu-env-*' -delete
+    exit $rc
+    ;;
+  dsv4)  # carry .gpu-port/fm .gpu-port/kern: DeepSeek-V4 decode, ours vs FlashMLA (issue 21)
+    xz -dc "$b/fm/_flashmla_C.abi3.so.xz" > "$work/_flashmla_C.abi3.so"
+    sha256sum "$b"/kern/vllm/v1/attention/ops/triton_sparse_mla_dsv4.py \
+      "$b"/kern/vllm/models/deepseek_v4/nvidia/*.py | tee -a "$out/gpu-env-$phase.txt"
+    export SMLA_TREE=$PWD/$b/kern SMLA_FLASHMLA_SO=$work/_flashmla_C.abi3.so
+    [ -f "$b/fm/flash_mla_interface.py" ] && export SMLA_FLASHMLA_INTERFACE=$PWD/$b/fm/flash_mla_interface.py
+    [ -d "$b/before" ] && export SMLA_TREE_BEFORE=$PWD/$b/before
+    rc=0
+    timeout 400 python3 bench/bench_dsv4.py "$out" "$@" > "$out/bench-dsv4.log" 2>&1 || rc=$?
+    tail -4 "$out/bench-dsv4.log"
+    python3 bench/summarize.py "$out" | tee "$out/summary.txt" || true
     exit $rc
     ;;
   bench)  # carry .gpu-port/kern: the benchmark alone (also part of `kernels`)

@@ -41,6 +41,9 @@ import sys, zipfile
 wheel, fm, dg = sys.argv[1:]
 z = zipfile.ZipFile(wheel)
 open(f"{fm}/_flashmla_C.abi3.so", "wb").write(z.read("vllm/_flashmla_C.abi3.so"))
+# its Python interface (flash_mla_with_kvcache: bench/bench_dsv4.py calls it as vLLM does)
+open(f"{fm}/flash_mla_interface.py", "wb").write(
+    z.read("vllm/third_party/flashmla/flash_mla_interface.py"))
 for name in z.namelist():
     if name.startswith("vllm/third_party/deep_gemm/") and not (
             "/_C.cpython-" in name and "cpython-312" not in name):
@@ -56,6 +59,9 @@ cp "$tree"/vllm/v1/attention/ops/triton_{sparse_mla,sparse_mla_dsv4,dsa_indexer,
   "$out/kern/vllm/v1/attention/ops/"
 # the series' own kernel tests (patches 0013, 0014, 0016), run by device-run.sh speed
 mkdir -p "$out/kern/tests/kernels/attention"
+# the DeepSeek-V4 attention classes, read as text by bench/bench_dsv4.py (their decode calls)
+mkdir -p "$out/kern/vllm/models/deepseek_v4/nvidia"
+cp "$tree"/vllm/models/deepseek_v4/nvidia/{triton_sparse,flashmla}.py "$out/kern/vllm/models/deepseek_v4/nvidia/"
 cp "$tree"/tests/kernels/attention/test_triton_{sparse_mla,sparse_mla_dsv4,dsa_indexer,fp8_e4m3}.py \
   "$out/kern/tests/kernels/attention/"
 

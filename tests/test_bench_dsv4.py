@@ -1,0 +1,26 @@
+"""bench/bench_dsv4.py's CPU smoke path (TRITON_INTERPRET=1, in a process of its own: the
+interpreter must be chosen before triton is imported): the DeepSeek-V4 decode call built from
+the argument expressions of the tree's DeepseekV4TritonAttention._forward_decode (and FlashMLA's
+from DeepseekV4FlashMLAAttention._forward_decode), against the series' float64 reference. Fails
+when the class starts passing a name the benchmark does not bind, or the call's result drifts."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_bench_dsv4_cpu_smoke(vllm_tree, tmp_path):
+    env = dict(os.environ, SMLA_TREE=str(vllm_tree), TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_dsv4.py"), str(tmp_path),
+                           "--cpu-smoke"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    res = json.loads((tmp_path / "dsv4-cpu-smoke.json").read_text())
+    assert [r["layer"] for r in res["rows"]] == ["swa", "c4", "c128"]
+    for r in res["rows"]:
+        assert r["rel_err_vs_f64"] < 2e-3, r
+        assert r["bytes"] == 584 * r["rows_gathered"] > 0, r
