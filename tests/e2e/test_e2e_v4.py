@@ -23,6 +23,7 @@ sys.path.insert(0, str(HERE))
 import compare  # noqa: E402
 import e2e_plugin  # noqa: E402
 import run_e2e  # noqa: E402
+from test_e2e_harness import _arrays  # noqa: E402 (the same engine outputs)
 
 V4 = "deepseek-v4-tiny"
 SIDES = ["ref", "ref2", "ref-o16", "ours"]
@@ -300,17 +301,6 @@ def _probe(side: str, rec: dict, drafter: dict | None = None) -> dict:
 
     d = drafter if drafter is not None else (dict(rec, compress_ratios=[1]) if rec else {})
     return {"model_probe": [one(rec)], "drafter_probe": [one(d)]}
-
-
-def _arrays(seed=0):
-    rng = np.random.default_rng(seed)
-    lens = np.array([10, 3000], np.int32)
-    n = int((lens - 1).sum())
-    ids = rng.integers(0, 100, (2, 8)).astype(np.int32)
-    return {"prompt_lens": lens, "prompt_lp": rng.normal(-5, 1, n).astype(np.float32),
-            "prompt_top1": rng.integers(0, 100, n).astype(np.int32), "gen_ids": ids,
-            "gen_top": np.stack([ids, ids + 1], -1),
-            "gen_lp": np.stack([np.full((2, 8), -1.0), np.full((2, 8), -1.5)], -1).astype(np.float32)}
 
 
 def _run(tmp_path, shifts=None, records=None, extra=(), sides=SIDES):
