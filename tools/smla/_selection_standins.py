@@ -334,6 +334,14 @@ def dsv4_has_flashinfer_input(mods: types.SimpleNamespace) -> bool:
     return hasattr(mods.model, "has_flashinfer_sparse_mla_sm120")
 
 
+def _put_env(name: str, value: str | None) -> None:
+    """Set `name` to `value`, or unset it for None."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 def _dsv4_caches(mods: types.SimpleNamespace) -> list:
     """The functools caches of the selectors the query calls (cleared around each case)."""
     fns = [getattr(mods.deep_gemm, "is_deep_gemm_supported", None), getattr(mods.ops, "cutedsl_supported", None)]
@@ -361,10 +369,7 @@ def dsv4_inputs(mods: types.SimpleNamespace, portable_env: str | None, flashinfe
     saved_env = os.environ.get(DSV4_ENV)
     for obj, name, value in patches:
         setattr(obj, name, value)
-    if portable_env is None:
-        os.environ.pop(DSV4_ENV, None)
-    else:
-        os.environ[DSV4_ENV] = portable_env
+    _put_env(DSV4_ENV, portable_env)
     caches = _dsv4_caches(mods)
     for fn in caches:
         fn.cache_clear()
@@ -373,9 +378,6 @@ def dsv4_inputs(mods: types.SimpleNamespace, portable_env: str | None, flashinfe
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
-        if saved_env is None:
-            os.environ.pop(DSV4_ENV, None)
-        else:
-            os.environ[DSV4_ENV] = saved_env
+        _put_env(DSV4_ENV, saved_env)
         for fn in caches:
             fn.cache_clear()
