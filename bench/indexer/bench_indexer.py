@@ -17,7 +17,14 @@ as upstream runs on sm90, DeepGEMM + top_k_per_row_decode), and the host time
 of one eager paged-decode call.  Copy bandwidth and bytes: each key's 132 B
 (128 codes + fp32 scale) once, q and the logits written.
 
-usage: python bench/indexer/bench_indexer.py OUT_DIR [--quick]
+DeepSeek-V4 (--dsv4, issue 21): the same two calls as its C4 layer's indexer makes them
+(vllm/models/deepseek_v4/attention.py: SparseAttnIndexer with max_model_len // 4, keys the
+compressor's entries, 64 per block of the indexer cache, index_topk 512), 64 heads x 128:
+decode of batch 1/16/64 at 8k/64k tokens of context (ctx // 4 keys) in an engine with
+max_model_len 65,536 (logit rows of 16,384), and one prefill chunk (2,048 queries at the end
+of 64k tokens); the step's top-k is 512 (persistent_topk, upstream's sm90 pick, for both).
+
+usage: python bench/indexer/bench_indexer.py OUT_DIR [--quick] [--sweep] [--dsv4]
 env:   SMLA_TREE, SMLA_TREE_BEFORE, SMLA_DEEPGEMM_DIR, SMLA_VLLM_C_SO
 Writes OUT_DIR/indexer.json: {"copy_tbps", "rows": [...]}.
 """
@@ -76,9 +83,74 @@ def prefill_inputs(ops, ctx_lens, q_lens, seed):
             torch.tensor(ke, dtype=torch.int32, device="cuda"))
 
 
-def decode_topk(ops, logits, next_n, lens2d, out):
+def decode_topk(ops, logits, next_n, lens2d, out, topk=TOPK):
     R = logits.shape[0]
-    ops.topk_decode(logits, next_n, lens2d, out, R, logits.stride(0), logits.stride(1), TOPK)
+    ops.topk_decode(logits, next_n, lens2d, out, R, logits.stride(0), logits.stride(1), topk)
+
+
+# DeepSeek-V4's C4 indexer: keys are compressed entries (one per DSV4_RATIO tokens), the
+# engine's max_model_len is divided by the ratio, top-k 512.
+DSV4_RATIO = 4
+DSV4_TOPK = 512
+DSV4_MAX_MODEL_LEN = 65536 // DSV4_RATIO
+DSV4_DECODE = [(B, ctx) for ctx in (8192, 65536) for B in (1, 16, 64)]
+
+
+def dsv4(idx, dg, ops, emit, bw):
+    """DeepSeek-V4 C4-layer indexer cells (module docstring), ours vs DeepGEMM."""
+    ctx = 65536
+    keys = ctx // DSV4_RATIO
+    M = 2048
+    # queries at positions ctx - M .. ctx - 1 see (pos + 1) // 4 compressed entries
+    qf, kc, ksc, wq, ks, ke = prefill_inputs(ops, [keys], [M], 300)
+    ke = torch.tensor([(ctx - M + j + 1) // DSV4_RATIO for j in range(M)], dtype=torch.int32,
+                      device="cuda")
+    dg_us = bench(lambda: dg.mqa_logits(qf, kc, ksc, wq, ks, ke, clean=False)) if dg else None
+    for path, mma in (("fp8-mma", True), ("software", False)):
+        us = bench(lambda: idx.mqa_logits(qf, kc, ksc, wq, ks, ke, clean_logits=False,
+                                          fp8_mma=mma))
+        r = dict(kind="dsv4-prefill", queries=M, context=ctx, keys=keys, path=path, ours_us=us,
+                 deepgemm_us=dg_us)
+        if dg_us:
+            r["ours_vs_deepgemm"] = us / dg_us
+        emit(r)
+    del qf, kc, ksc, wq
+    for i, (B, ctx) in enumerate(DSV4_DECODE):
+        lens = [ctx // DSV4_RATIO] * B
+        case = build_paged_case("cuda", lens, 1, H, D, BS, 500 + i, ops,
+                                max_model_len=DSV4_MAX_MODEL_LEN)
+        a = (case["q_fp8"], case["kv"], case["w"], case["lens2d"], case["bt"], DSV4_MAX_MODEL_LEN)
+        nbytes = sum(lens) * KEY_BYTES + B * (H * D + 4 * DSV4_MAX_MODEL_LEN)
+        topk_out = torch.empty((B, DSV4_TOPK), dtype=torch.int32, device="cuda")
+        ws = torch.empty(1024 * 1024, dtype=torch.uint8, device="cuda")
+
+        def step(logits_fn):
+            lg = logits_fn()
+            ops.persistent_topk(lg, case["lens2d"].reshape(-1), topk_out, ws, DSV4_TOPK,
+                                lg.shape[1])
+
+        dg_us = dg_step = None
+        if dg is not None:
+            sched = dg.schedule(case["lens2d"], BS)
+            dg_us = bench(lambda: dg.paged(*a, clean=False, sched=sched), graph=True)
+            if ops is not None and ops.persistent_topk is not None:
+                dg_step = bench(lambda: step(lambda: dg.paged(*a, clean=False, sched=sched)),
+                                graph=True)
+        for path, mma in (("fp8-mma", True), ("software", False)):
+            us = bench(lambda: idx.paged_mqa_logits(*a, clean_logits=False, fp8_mma=mma),
+                       graph=True)
+            r = dict(kind="dsv4-decode", batch=B, context=ctx, keys=sum(lens), path=path,
+                     ours_us=us, deepgemm_us=dg_us,
+                     pct_copy_bw=100 * nbytes / (us * 1e-6) / (bw * 1e12))
+            if dg_us:
+                r["ours_vs_deepgemm"] = us / dg_us
+            if ops is not None and ops.persistent_topk is not None:
+                r["step_ours_topk512_us"] = bench(lambda: step(lambda: idx.paged_mqa_logits(
+                    *a, clean_logits=False, fp8_mma=mma)), graph=True)
+                r["step_deepgemm_topk512_us"] = dg_step
+            emit(r)
+        del case, a
+        torch.cuda.empty_cache()
 
 
 SWEEP_DECODE = [dict(BLOCK_N=n, num_warps=w, num_stages=st, keys_per_program=kp)
@@ -123,7 +195,10 @@ def sweep(idx, ops, emit, bw):
 
 
 def main():
-    args = parse_args(__doc__)
+    args = parse_args(__doc__, lambda ap: (
+        ap.add_argument("--dsv4", action="store_true", help="also the DeepSeek-V4 cells"),
+        ap.add_argument("--dsv4-only", action="store_true", help="the DeepSeek-V4 cells alone")))
+    args.dsv4 = args.dsv4 or args.dsv4_only
     out_dir = args.out_dir
     idx, before = kernel_modules(REL, "smla_idx")
     dg = load_deepgemm()
@@ -136,7 +211,7 @@ def main():
         rows.append(r)
         print(json.dumps(r), flush=True)
 
-    prefill = PREFILL[:1] if args.quick else PREFILL
+    prefill = [] if args.dsv4_only else PREFILL[:1] if args.quick else PREFILL
     for i, (ctx, ql) in enumerate(prefill):
         qf, kc, ksc, wq, ks, ke = prefill_inputs(ops, ctx, ql, 100 + i)
         M, N = int(ks.numel()), int(kc.shape[0])
@@ -157,7 +232,7 @@ def main():
         del qf, kc, ksc, wq
         torch.cuda.empty_cache()
 
-    decode = DECODE[:1] if args.quick else DECODE
+    decode = [] if args.dsv4_only else DECODE[:1] if args.quick else DECODE
     for i, (B, ctx, next_n) in enumerate(decode):
         g = torch.Generator().manual_seed(7 + i)
         lens = (torch.randint(1, MAX_MODEL_LEN + 1, (B,), generator=g).tolist()
@@ -212,6 +287,8 @@ def main():
 
     if args.sweep:
         sweep(idx, ops, emit, bw)
+    if args.dsv4:
+        dsv4(idx, dg, ops, emit, bw)
     res = dict(copy_tbps=bw, device=torch.cuda.get_device_name(0), torch=torch.__version__,
                triton=triton.__version__, rows=rows)
     (out_dir / "indexer.json").write_text(json.dumps(res, indent=1) + "\n")

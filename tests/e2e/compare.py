@@ -110,6 +110,11 @@ def compare_pair(ref: dict, oth: dict) -> dict:
     tf = {"all": _stats(diff), "dense": _stats(diff[~sparse]), "sparse": _stats(diff[sparse]),
           "top1_agree": float(agree.mean()), "top1_agree_sparse": float(agree[sparse].mean()),
           "nan": int(np.isnan(oth["prompt_lp"]).sum())}
+    if tf["nan"]:  # where: [prompt, token index] (the query at index - 1 scored it), first 64
+        starts = np.concatenate([[0], np.cumsum(lens - 1)])
+        flat = np.nonzero(np.isnan(oth["prompt_lp"]))[0]
+        prompt = np.searchsorted(starts, flat, side="right") - 1
+        tf["nan_at"] = [[int(p), int(f - starts[p] + 1)] for p, f in zip(prompt[:64], flat[:64])]
 
     g_ref, g_oth = ref["gen_ids"], oth["gen_ids"]
     rows = []

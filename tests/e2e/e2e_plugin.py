@@ -177,13 +177,30 @@ def install_dsv4_o_proj_override(environ=os.environ) -> str | None:
     return "hooked"
 
 
+def install_nan_probe(environ=os.environ) -> str | None:
+    """With SMLA_E2E_NAN_CHECK=1: the DeepSeek-V4 NaN probe (nan_probe.py, a diagnostic)."""
+    import nan_probe
+
+    if environ.get(nan_probe.NAN_CHECK_ENV) != "1":
+        return None
+    for name in nan_probe.MODULES:
+        module = sys.modules.get(name)
+        if module is not None:
+            nan_probe.patch_module(module)
+        elif not any(isinstance(f, _PatchAfterImport) and f.name == name for f in sys.meta_path):
+            sys.meta_path.insert(0, _PatchAfterImport(name, nan_probe.patch_module))
+    return "installed"
+
+
 def register() -> None:
     """Entry point: register the `e2e_dummy` load format (idempotent); with
-    SMLA_E2E_DSV4_O_PROJ=bf16, the DeepSeek-V4 output-projection override."""
+    SMLA_E2E_DSV4_O_PROJ=bf16, the DeepSeek-V4 output-projection override; with
+    SMLA_E2E_NAN_CHECK=1, the DeepSeek-V4 NaN probe."""
     global _registered
     if _registered:
         return
     install_dsv4_o_proj_override()
+    install_nan_probe()
     from vllm.model_executor.model_loader import register_model_loader
     from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
 

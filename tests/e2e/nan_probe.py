@@ -1,0 +1,207 @@
+"""Where non-finite values enter a DeepSeek-V4 engine (SMLA_E2E_NAN_CHECK=1, e2e_plugin).
+
+A diagnostic, off by default. It wraps three methods of the V4 attention classes
+(DeepseekV4FlashMLAAttention, and DeepseekV4TritonAttention, which inherits or overrides
+them) in the engine's process and, on every eager call (never while a CUDA graph is being
+captured; replays do not run Python), checks the real token rows for NaN/inf:
+  forward_mqa      q and the new kv rows on entry, the attention output on return
+  _sparse_prefill  every gathered workspace row a query reads (indices below topk_length),
+                   and the prefill output
+  _o_proj          its input o and its result
+Each finding is one line `SMLA_NANCHECK {json}` on stderr (the engine's log): the layer, the
+check, the first bad rows with their positions and the batch's layout; for bad attention
+output, the same call again into a zeroed buffer and the first bad row's decode metadata. At most MAX_LINES
+lines per process. The checks synchronise with the host: for diagnosis only.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+NAN_CHECK_ENV = "SMLA_E2E_NAN_CHECK"
+MODULES = ("vllm.models.deepseek_v4.nvidia.flashmla", "vllm.models.deepseek_v4.nvidia.triton_sparse")
+CLASSES = ("DeepseekV4FlashMLAAttention", "DeepseekV4TritonAttention")
+MAX_LINES = 300
+FIRST_ROWS = 8
+_lines = 0
+
+
+def _emit(record: dict) -> None:
+    global _lines
+    if _lines >= MAX_LINES:
+        return
+    _lines += 1
+    print("SMLA_NANCHECK " + json.dumps(record, default=str), file=sys.stderr, flush=True)
+
+
+def _bad_rows(t, n: int):
+    """Indices of the rows (first dim) among the first n that hold a NaN or inf."""
+    import torch
+
+    t = t[:n]
+    if t.numel() == 0:
+        return []
+    return torch.nonzero(~torch.isfinite(t.reshape(t.shape[0], -1)).all(dim=1)).flatten().tolist()
+
+
+def _layout(layer) -> dict:
+    """The batch layout from the layer's SWA metadata (None outside a real step)."""
+    from vllm.forward_context import get_forward_context
+
+    md = get_forward_context().attn_metadata
+    if not isinstance(md, dict):
+        return {}
+    swa = md.get(layer.swa_cache_layer.prefix)
+    if swa is None:
+        return {}
+    out = {k: getattr(swa, k, None) for k in ("num_decodes", "num_prefills", "num_decode_tokens",
+                                              "num_prefill_tokens")}
+    qsl = getattr(swa, "query_start_loc_cpu", None)
+    out["query_start_loc"] = qsl.tolist() if qsl is not None else None
+    psl = getattr(swa, "prefill_seq_lens", None)
+    out["prefill_seq_lens"] = psl.tolist() if psl is not None else None
+    return out
+
+
+def _skip() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _n_actual(layout: dict, default: int) -> int:
+    qsl = layout.get("query_start_loc")
+    return int(qsl[-1]) if qsl else default
+
+
+def _wrap_forward_mqa(fn):
+    @functools.wraps(fn)
+    def forward_mqa(self, q, kv, positions, output):
+        if _skip():
+            return fn(self, q, kv, positions, output)
+        layout = _layout(self)
+        if not layout:
+            return fn(self, q, kv, positions, output)
+        n = _n_actual(layout, q.shape[0])
+        before = {"q": _bad_rows(q, n), "kv": _bad_rows(kv, n)}
+        fn(self, q, kv, positions, output)
+        after = _bad_rows(output, n)
+        for check, rows in (*before.items(), ("attn_out", after)):
+            if rows:
+                extra = {}
+                if check == "attn_out":
+                    try:  # a diagnostic must not stop the engine
+                        extra = _rerun(self, fn, q, kv, positions, output, rows)
+                    except Exception as e:  # noqa: BLE001
+                        extra = {"rerun_error": repr(e)[:300]}
+                _emit({"layer": self.prefix, "ratio": self.compress_ratio, "check": check,
+                       "n_bad": len(rows), "rows": rows[:FIRST_ROWS],
+                       "positions": positions[rows[:FIRST_ROWS]].tolist(), "tokens": n, **layout,
+                       **extra})
+    return forward_mqa
+
+
+def _rerun(layer, fn, q, kv, positions, output, rows) -> dict:
+    """For bad attention-output rows: the same call again into a zeroed buffer (rows that
+    stay all zero were not written by the kernels: the first result there was whatever the
+    buffer held), and what the decode metadata says about the first bad row."""
+    import torch
+
+    out2 = torch.zeros_like(output)
+    fn(layer, q, kv, positions, out2)
+    r = rows[0]
+    info = {"rerun_bad_rows": _bad_rows(out2, output.shape[0])[:FIRST_ROWS],
+            "rerun_zero_rows": [i for i in rows[:FIRST_ROWS] if not bool(out2[i].any())],
+            "first_row_nonfinite_heads": torch.nonzero(
+                ~torch.isfinite(output[r]).all(dim=-1)).flatten().tolist()[:16]}
+    try:
+        from vllm.forward_context import get_forward_context
+
+        swa = get_forward_context().attn_metadata.get(layer.swa_cache_layer.prefix)
+        nd = getattr(swa, "num_decode_tokens", 0) or 0
+        if r < nd:
+            for name in ("is_valid_token", "decode_swa_lens", "token_to_req_indices"):
+                t = getattr(swa, name, None)
+                if t is not None and t.shape[0] > r:
+                    info[f"first_row_{name}"] = t[r].tolist()
+            idx = getattr(swa, "decode_swa_indices", None)
+            if idx is not None:
+                info["first_row_decode_swa_indices"] = idx[r].reshape(-1)[:32].tolist()
+            seq = getattr(swa, "seq_lens", None)
+            req = info.get("first_row_token_to_req_indices")
+            if seq is not None and isinstance(req, int) and req < seq.shape[0]:
+                info["first_row_seq_len"] = int(seq[req])
+    except Exception as e:  # noqa: BLE001
+        info["metadata_error"] = repr(e)[:300]
+    return info
+
+
+def _wrap_sparse_prefill(fn):
+    @functools.wraps(fn)
+    def _sparse_prefill(self, q, kv, indices, topk_length, out):
+        if _skip():
+            return fn(self, q=q, kv=kv, indices=indices, topk_length=topk_length, out=out)
+        import torch
+
+        finite = torch.isfinite(kv.reshape(kv.shape[0], -1)).all(dim=1)
+        idx = indices.reshape(indices.shape[0], -1).long()
+        width = torch.arange(idx.shape[1], device=idx.device)
+        read = (width[None, :] < topk_length.reshape(-1, 1).long()) & (idx >= 0) & (idx < kv.shape[0])
+        bad_ref = read & ~finite[idx.clamp(0, kv.shape[0] - 1)]
+        rows = torch.nonzero(bad_ref.any(dim=1)).flatten().tolist()
+        if rows:
+            r = rows[0]
+            _emit({"layer": self.prefix, "ratio": self.compress_ratio, "check": "prefill_reads_bad_kv",
+                   "n_bad": len(rows), "rows": rows[:FIRST_ROWS],
+                   "first_row_bad_kv_rows": idx[r][bad_ref[r]].tolist()[:16],
+                   "first_row_topk_length": int(topk_length.reshape(-1)[r]),
+                   "first_row_slots": [int(s) for s in torch.nonzero(bad_ref[r]).flatten().tolist()[:16]],
+                   "workspace_rows": kv.shape[0], "queries": q.shape[0], **_layout(self)})
+        fn(self, q=q, kv=kv, indices=indices, topk_length=topk_length, out=out)
+        rows = _bad_rows(out, out.shape[0])
+        if rows:
+            _emit({"layer": self.prefix, "ratio": self.compress_ratio, "check": "prefill_out",
+                   "n_bad": len(rows), "rows": rows[:FIRST_ROWS], "queries": q.shape[0]})
+    return _sparse_prefill
+
+
+def _wrap_o_proj(fn):
+    @functools.wraps(fn)
+    def _o_proj(self, o, positions):
+        result = fn(self, o, positions)
+        if _skip():
+            return result
+        layout = _layout(self)
+        if layout:
+            n = _n_actual(layout, o.shape[0])
+            rows = _bad_rows(result, n)
+            o_rows = _bad_rows(o, n)
+            if rows or o_rows:
+                _emit({"layer": self.prefix, "ratio": self.compress_ratio, "check": "o_proj",
+                       "n_bad": len(rows), "rows": rows[:FIRST_ROWS],
+                       "positions": positions[rows[:FIRST_ROWS]].tolist(),
+                       "o_bad_rows": o_rows[:FIRST_ROWS], "tokens": n, **layout})
+        return result
+    return _o_proj
+
+
+WRAPPERS = {"forward_mqa": _wrap_forward_mqa, "_sparse_prefill": _wrap_sparse_prefill,
+            "_o_proj": _wrap_o_proj}
+
+
+def patch_module(module) -> None:
+    """Wrap the methods each V4 attention class of `module` defines itself (an inherited one
+    is wrapped where it is defined, once)."""
+    for cls_name in CLASSES:
+        cls = getattr(module, cls_name, None)
+        if cls is None:
+            continue
+        for name, wrap in WRAPPERS.items():
+            if name == "forward_mqa" and cls_name != CLASSES[0]:
+                continue  # the Triton class's forward_mqa ends in the FlashMLA one's
+            fn = cls.__dict__.get(name)
+            if fn is not None and not getattr(fn, "_smla_nan_probe", False):
+                wrapped = wrap(fn)
+                wrapped._smla_nan_probe = True
+                setattr(cls, name, wrapped)
