@@ -1,0 +1,187 @@
+"""Compile-only check of the DeepSeek-V4 sparse attention kernels for every GPU arch we
+serve (CPU, no GPU): `_sparse_mla_dsv4_kernel` and `_sparse_mla_dsv4_merge_kernel` of
+vllm/v1/attention/ops/triton_sparse_mla_dsv4.py (patch 0016).
+
+For each arch (sm80 86 89 90 100 120 121) the module's own launch plan (`_plan_for`, with
+the SM counts of real parts of that arch, as tests/test_kernel_compile_matrix.py does for
+the DSA kernel) is enumerated over the heads DeepseekV4TritonAttention pads to (8, 16, 32,
+64, 128), decode and prefill token counts, and V4's list widths (sliding window 128; C4
+top-k 512; C128 up to 8,192 compressed entries; a prefill's combined list).  Every distinct
+attention configuration (BLOCK_H, BLOCK_N, warps, stages, split or not) is compiled as the
+layer calls it:
+  - decode: the V4 fp8_ds_mla caches read in place (two lists with lengths; the SWA-only
+    layer's single list too), bf16 queries, the arch's e4m3 decode (hardware on sm89+,
+    software below) and on sm89+ also the forced software decode;
+  - prefill: the gathered 16-bit workspace, one list with lengths, bf16 and fp16;
+and every merge configuration a split can launch (BLOCK_S, warps), with the pointer and
+stride alignment Triton specialises at run time for vLLM's tensors (`ALIGNED`).  Each
+kernel must have a cubin and PTX and fit the arch's per-block shared memory; on sm80/86 the
+PTX must not hold the hardware e4m3 conversion, on sm89+ with the hardware decode it must.
+Registers and spills are printed, not asserted.
+
+One child process per arch without TRITON_INTERPRET (the interpreter tests set it for their
+whole process).  `python tests/test_kernel_compile_dsv4.py 90` prints one arch's records.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from test_kernel_compile import ARCHES, SMEM_LIMIT, _ptxas_supports, _resources, _signature  # noqa: E402
+from test_kernel_compile_matrix import SMS  # noqa: E402
+
+REL = "vllm/v1/attention/ops/triton_sparse_mla_dsv4.py"
+PADDED_HEADS = (8, 16, 32, 64, 128)  # DeepseekV4TritonAttention.get_padded_num_q_heads
+TOKENS = sorted({2 ** i for i in range(15)} | {3, 24, 96, 200, 3000})
+# (K1, K2): SWA-only decode, C4 decode, C128 decode (up to 1M tokens / 128), prefill lists
+LISTS = ((128, 0), (128, 512), (128, 128), (128, 8192), (640, 0), (2688, 0), (10240, 0))
+# Run-time 16-byte divisibility of vLLM's tensors: q / out [T, H, 512] 16-bit rows, the
+# split-K scratch, the caches (blocks of 64 x 584 B padded to a multiple of 576 B; C128's
+# 2-entry blocks 1,728 B) and the gathered workspace's 512-element rows.  The index lists'
+# row strides are not marked: a prefill's combined list width need not be a multiple of 4.
+ALIGNED = {"q_ptr", "out_ptr", "part_ptr", "kv1_ptr", "kv2_ptr", "stride_q_t", "stride_q_h",
+           "stride_o_t", "stride_o_h", "stride_kv1", "stride_kv2"}
+HW_CVT = "e4m3x2"  # PTX cvt.rn.satfinite.e4m3x2.f32 / cvt.rn.f16x2.e4m3x2 (sm89+ only)
+
+
+def _attrs(fn) -> dict:
+    return {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in ALIGNED}
+
+
+def plans(mod, arch: int):
+    """(attention configs, merge configs) `_plan_for` can launch on `arch`."""
+    import triton
+
+    fwd, merge = set(), set()
+    for sms in SMS[arch]:
+        for H in PADDED_HEADS:
+            for T in TOKENS:
+                for K1, K2 in LISTS:
+                    p = mod._plan_for(sms, T, H, K1, K2, None, None, None)
+                    split = p["num_splits"] > 1
+                    fwd.add((p["BLOCK_H"], p["BLOCK_N"], p["num_warps"], p["num_stages"], split))
+                    if split:
+                        merge.add((max(16, triton.next_power_of_2(p["num_splits"])),
+                                   4 if p["num_splits"] <= 16 else 8))
+    return sorted(fwd), sorted(merge)
+
+
+def compile_dsv4(arch: int) -> list[dict]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from conftest import default_tree
+    from sparse_mla_reference import load_tree_module
+
+    mod = load_tree_module(default_tree(), REL, "smla_dsv4_compile")
+    target = GPUTarget("cuda", arch, 32)
+    fwd_cfgs, merge_cfgs = plans(mod, arch)
+    # (name, dtype, fp8 cache, hardware e4m3, list 2 present)
+    variants = [("decode", "bf16", True, arch >= 89, True),
+                ("decode-swa", "bf16", True, arch >= 89, False),
+                ("prefill", "bf16", False, False, False),
+                ("prefill", "fp16", False, False, False)]
+    if arch >= 89:
+        variants.append(("decode", "bf16", True, False, True))
+    fn = mod._sparse_mla_dsv4_kernel
+    out = []
+    for name, dt, fp8, hw, two in variants:
+        for bh, bn, warps, stages, split in fwd_cfgs:
+            cst = dict(KV_FP8=fp8, BS1=64 if fp8 else 1, BS2=(64 if two else 1) if fp8 else 1,
+                       HAS_LEN1=True, HAS_LEN2=two, HAS_SINK=True, BLOCK_H=bh, BLOCK_N=bn,
+                       SPLIT=split, FP8_HW=hw)
+            kv = "u8" if fp8 else "dt"
+            sig = _signature(fn, dt, dict(q_ptr="dt", out_ptr="dt", part_ptr="fp32",
+                                          sink_ptr="fp32", idx1_ptr="i32", len1_ptr="i32",
+                                          kv1_ptr=kv, idx2_ptr="i32", len2_ptr="i32", kv2_ptr=kv),
+                             set(cst), float_names=("qk_scale",))
+            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cst, attrs=_attrs(fn)),
+                               target=target, options=dict(num_warps=warps, num_stages=stages))
+            rec = dict(arch=arch, kernel="fwd", call=name, dtype=dt, fp8_cache=fp8,
+                       decode=("hw" if hw else "sw") if fp8 else "-", BLOCK_H=bh, BLOCK_N=bn,
+                       num_warps=warps, num_stages=stages, split=split,
+                       shared=int(k.metadata.shared), hw_cvt_in_ptx=HW_CVT in k.asm.get("ptx", ""))
+            _finish(rec, k)
+            out.append(rec)
+    merge = mod._sparse_mla_dsv4_merge_kernel
+    for dt in ("bf16", "fp16"):
+        msig = _signature(merge, dt, dict(part_ptr="fp32", sink_ptr="fp32", out_ptr="dt"),
+                          {"HAS_SINK", "BLOCK_S"})
+        for block_s, warps in merge_cfgs:
+            k = triton.compile(ASTSource(fn=merge, signature=msig,
+                                         constexprs=dict(HAS_SINK=True, BLOCK_S=block_s),
+                                         attrs=_attrs(merge)),
+                               target=target, options=dict(num_warps=warps, num_stages=1))
+            rec = dict(arch=arch, kernel="merge", dtype=dt, BLOCK_S=block_s, num_warps=warps,
+                       shared=int(k.metadata.shared))
+            _finish(rec, k)
+            out.append(rec)
+    return out
+
+
+def _finish(rec: dict, k) -> None:
+    rec["smem_limit"] = SMEM_LIMIT[rec["arch"]]
+    rec["has_cubin"] = len(k.asm.get("cubin", b"")) > 0
+    rec["has_ptx"] = len(k.asm.get("ptx", "")) > 0
+    if rec["has_cubin"]:
+        rec.update(_resources(k.asm["cubin"]))
+
+
+@pytest.fixture(scope="module")
+def children():
+    """One child per arch ptxas knows, os.cpu_count() at a time: {arch: CompletedProcess}."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    arches = [a for a in ARCHES if _ptxas_supports(a)]
+
+    def run(arch):
+        return subprocess.run([sys.executable, __file__, str(arch)], capture_output=True,
+                              text=True, env=env, timeout=3600)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(arches), os.cpu_count() or 1))) as pool:
+        return dict(zip(arches, pool.map(run, arches)))
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_every_dsv4_config_compiles(children, arch):
+    if arch not in children:
+        pytest.skip(f"bundled ptxas does not list sm_{arch}")
+    r = children[arch]
+    assert r.returncode == 0, r.stderr[-4000:]
+    recs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    fwd = [x for x in recs if x["kernel"] == "fwd"]
+    # decode (split) and prefill (no split) plans, both head tiles, every call variant
+    assert any(x["split"] for x in fwd) and any(not x["split"] for x in fwd)
+    assert {x["BLOCK_H"] for x in fwd} == {16, 32}
+    kinds = {(x["call"], x["dtype"], x["decode"]) for x in fwd}
+    want = {("decode", "bf16", "hw" if arch >= 89 else "sw"),
+            ("decode-swa", "bf16", "hw" if arch >= 89 else "sw"),
+            ("prefill", "bf16", "-"), ("prefill", "fp16", "-")}
+    if arch >= 89:
+        want.add(("decode", "bf16", "sw"))
+    assert kinds == want, kinds
+    assert any(x["kernel"] == "merge" for x in recs)
+    too_big = [x for x in recs if x["shared"] > x["smem_limit"]]
+    assert not too_big, too_big
+    for x in recs:
+        assert x["has_cubin"] and x["has_ptx"], x
+        if x["kernel"] == "fwd" and x["fp8_cache"]:
+            # the software decode never emits the hardware conversion; the hardware one does
+            assert x["hw_cvt_in_ptx"] == (x["decode"] == "hw"), x
+        print(json.dumps(x))
+
+
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)
+    for rec in compile_dsv4(int(sys.argv[1])):
+        print(json.dumps(rec))
