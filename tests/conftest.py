@@ -7,7 +7,7 @@ marked `slow`. A test is marked here, by what it uses, so no test file has to sa
          fixture: selection, explain, the kernels under Triton's interpreter, the backend smoke
          tests), the pinned sdist (SLOW_MODULES: integration; tests/test_docs.py's session
          transcripts carry the mark themselves), Triton's compiler (the compile matrix and the V4
-         ops' compile check) or long CPU work (tests/test_v4_tiny_checkpoint.py's full checkpoint,
+         attention and ops' compile checks) or long CPU work (tests/test_v4_tiny_checkpoint.py's full checkpoint,
          marked there)
 What `make test-fast` keeps runs on temporary git repositories and one local package index.
 
@@ -48,7 +48,7 @@ else:
 
 # Modules whose every test reads the real vLLM source without the `vllm_tree` fixture.
 SLOW_MODULES = {"test_integration.py", "test_kernel_compile.py", "test_kernel_compile_matrix.py",
-                "test_kernel_compile_v4_ops.py",
+                "test_kernel_compile_v4_ops.py", "test_kernel_compile_dsv4.py",
                 "test_rebase_real.py", "test_wheel_real.py"}
 
 

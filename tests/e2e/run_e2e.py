@@ -516,14 +516,12 @@ def prepare_checkpoints(jobs: list[dict], root: Path) -> tuple[dict, list[str]]:
 # Device-time estimate of one `run` call (run_e2e.py --plan). Assumptions, in seconds:
 # install: unpack + pip of the reduced wheel + deps (the series run's last call took 201 s
 # around 175 s of engines); per engine wave: start-up + the two passes. DSA models: start-up seen 109-175 s with 7-16 engines at once (torch.compile,
-# CUDA-graph capture, DeepGEMM JIT), passes 4-10 s. DeepSeek-V4: never run; no torch.compile
-# (breakable CUDA graph, compilation mode NONE) but DeepGEMM JIT of the fp8 GEMMs / einsum /
-# prenorm GEMM, Triton JIT of the portable kernels, CuTe DSL and TileLang JIT where installed,
-# Marlin MXFP4 repacking: assumed 240 s, passes 60 s. The checkpoint: generated once per
-# machine, CHECKPOINT_S (measured on the CPU machine where the series is prepared: see
-# README "DeepSeek-V4"; the H200 host's cores are assumed no slower), 0 when reused.
+# CUDA-graph capture, DeepGEMM JIT), passes 4-10 s. DeepSeek-V4 (three runs on the H200,
+# 2026-12-01, 4 engines at once): start-up 298-406 s per engine (no torch.compile, but
+# DeepGEMM JIT, Triton JIT of the portable kernels, Marlin MXFP4 repacking, breakable CUDA
+# graph capture), both passes 39-55 s, the checkpoint generated in 6.9-10.5 s.
 ESTIMATE = {"install_s": 40, "compare_s": 15, "dsa_start_s": 175, "dsa_passes_s": 15,
-            "v4_start_s": 240, "v4_passes_s": 60, "checkpoint_s": 60}
+            "v4_start_s": 410, "v4_passes_s": 55, "checkpoint_s": 15}
 
 
 def estimate(jobs: list[dict], parallel: int, checkpoint_cached: bool = False) -> dict:

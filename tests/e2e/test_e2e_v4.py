@@ -29,7 +29,7 @@ V4 = "deepseek-v4-tiny"
 SIDES = ["ref", "ref2", "ref-o16", "ours"]
 # the README's DeepSeek-V4 device command (the last call, after the staging calls), verbatim
 V4_CMD = ("bash tests/e2e/device-run.sh run --models deepseek-v4-tiny --sides ref ref2 ref-o16 ours "
-          "--parallel 4 --engine-timeout 420")
+          "--parallel 4 --engine-timeout 500")
 V4_CALL_TIMEOUT_S = 600  # its run(..., timeout_s=600)
 V4_CMD_COMPLETE = V4_CMD + " --v4-ref-kernels complete"
 
