@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -147,6 +148,40 @@ def _run_child(arch: int) -> list[dict]:
                        text=True, env=env, timeout=1800)
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# The GPU's e4m3 conversions in PTX (cvt ... e4m3 ...), instruction lines only: the debug info
+# names files such as triton_fp8_e4m3.py.
+E4M3_CVT = re.compile(r"^\s*(?:@!?%\w+\s+)?cvt\.[\w.]*e4m3", re.MULTILINE)
+
+
+def finish_record(rec: dict, k) -> dict:
+    """Add to a compile record what every compile-only test checks: the arch's shared-memory
+    limit, cubin / PTX present, the hardware e4m3 conversions in the PTX, registers / spills."""
+    ptx = k.asm.get("ptx", "")
+    rec["smem_limit"] = SMEM_LIMIT[rec["arch"]]
+    rec["has_cubin"] = len(k.asm.get("cubin", b"")) > 0
+    rec["has_ptx"] = len(ptx) > 0
+    rec["e4m3_cvt"] = len(E4M3_CVT.findall(ptx))
+    if rec["has_cubin"]:
+        rec.update(_resources(k.asm["cubin"]))
+    return rec
+
+
+def arch_children(script: str, env: dict | None = None, timeout: int = 3600) -> dict:
+    """`python script ARCH` for every arch the bundled ptxas knows, os.cpu_count() at a time,
+    without TRITON_INTERPRET (see the module docstring): {arch: CompletedProcess}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = {k: v for k, v in (env or os.environ).items() if k != "TRITON_INTERPRET"}
+    arches = [a for a in ARCHES if _ptxas_supports(a)]
+
+    def run(arch):
+        return subprocess.run([sys.executable, script, str(arch)], capture_output=True, text=True,
+                              env=env, timeout=timeout)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(arches), os.cpu_count() or 1))) as pool:
+        return dict(zip(arches, pool.map(run, arches)))
 
 
 def _ptxas_supports(arch: int) -> bool:

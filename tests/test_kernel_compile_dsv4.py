@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -36,7 +34,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_kernel_compile import ARCHES, SMEM_LIMIT, _ptxas_supports, _resources, _signature  # noqa: E402
+from test_kernel_compile import ARCHES, _signature, arch_children, finish_record  # noqa: E402
 from test_kernel_compile_matrix import SMS  # noqa: E402
 
 REL = "vllm/v1/attention/ops/triton_sparse_mla_dsv4.py"
@@ -50,7 +48,6 @@ LISTS = ((128, 0), (128, 512), (128, 128), (128, 8192), (640, 0), (2688, 0), (10
 # row strides are not marked: a prefill's combined list width need not be a multiple of 4.
 ALIGNED = {"q_ptr", "out_ptr", "part_ptr", "kv1_ptr", "kv2_ptr", "stride_q_t", "stride_q_h",
            "stride_o_t", "stride_o_h", "stride_kv1", "stride_kv2"}
-HW_CVT = "e4m3x2"  # PTX cvt.rn.satfinite.e4m3x2.f32 / cvt.rn.f16x2.e4m3x2 (sm89+ only)
 
 
 def _attrs(fn) -> dict:
@@ -110,8 +107,8 @@ def compile_dsv4(arch: int) -> list[dict]:
             rec = dict(arch=arch, kernel="fwd", call=name, dtype=dt, fp8_cache=fp8,
                        decode=("hw" if hw else "sw") if fp8 else "-", BLOCK_H=bh, BLOCK_N=bn,
                        num_warps=warps, num_stages=stages, split=split,
-                       shared=int(k.metadata.shared), hw_cvt_in_ptx=HW_CVT in k.asm.get("ptx", ""))
-            _finish(rec, k)
+                       shared=int(k.metadata.shared))
+            finish_record(rec, k)
             out.append(rec)
     merge = mod._sparse_mla_dsv4_merge_kernel
     for dt in ("bf16", "fp16"):
@@ -124,32 +121,16 @@ def compile_dsv4(arch: int) -> list[dict]:
                                target=target, options=dict(num_warps=warps, num_stages=1))
             rec = dict(arch=arch, kernel="merge", dtype=dt, BLOCK_S=block_s, num_warps=warps,
                        shared=int(k.metadata.shared))
-            _finish(rec, k)
+            finish_record(rec, k)
             out.append(rec)
     return out
 
 
-def _finish(rec: dict, k) -> None:
-    rec["smem_limit"] = SMEM_LIMIT[rec["arch"]]
-    rec["has_cubin"] = len(k.asm.get("cubin", b"")) > 0
-    rec["has_ptx"] = len(k.asm.get("ptx", "")) > 0
-    if rec["has_cubin"]:
-        rec.update(_resources(k.asm["cubin"]))
-
-
 @pytest.fixture(scope="module")
 def children():
-    """One child per arch ptxas knows, os.cpu_count() at a time: {arch: CompletedProcess}."""
+    """One child per arch ptxas knows, run concurrently: {arch: CompletedProcess}."""
     pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    arches = [a for a in ARCHES if _ptxas_supports(a)]
-
-    def run(arch):
-        return subprocess.run([sys.executable, __file__, str(arch)], capture_output=True,
-                              text=True, env=env, timeout=3600)
-
-    with ThreadPoolExecutor(max_workers=max(1, min(len(arches), os.cpu_count() or 1))) as pool:
-        return dict(zip(arches, pool.map(run, arches)))
+    return arch_children(__file__)
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -177,7 +158,7 @@ def test_every_dsv4_config_compiles(children, arch):
         assert x["has_cubin"] and x["has_ptx"], x
         if x["kernel"] == "fwd" and x["fp8_cache"]:
             # the software decode never emits the hardware conversion; the hardware one does
-            assert x["hw_cvt_in_ptx"] == (x["decode"] == "hw"), x
+            assert (x["e4m3_cvt"] > 0) == (x["decode"] == "hw"), x
         print(json.dumps(x))
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,7 +39,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_kernel_compile import ARCHES, SMEM_LIMIT, _ptxas_supports, _resources, _signature  # noqa: E402
+from test_kernel_compile import ARCHES, SMEM_LIMIT, _signature, arch_children, finish_record  # noqa: E402
 
 # SM counts of real parts per arch (the heuristic's split-K and tile choices
 # depend on it): A100 108, A30 56, A2 ~14 (as a small part); A6000 84, 3090 82,
@@ -145,7 +144,7 @@ def compile_matrix(arch: int) -> list[dict]:
                        decode=("hw" if hw else "sw") if fp8 else "-", dequant=deq, BLOCK_H=bh,
                        BLOCK_N=bn, BLOCK_DV=bdv, num_warps=warps, num_stages=stages, split=split,
                        pdl=cst["PDL"], shared=int(k.metadata.shared))
-            _finish(rec, k)
+            finish_record(rec, k)
             out.append(rec)
     merge = mod._sparse_mla_merge_kernel
     for dt in ("bf16", "fp16"):
@@ -158,35 +157,16 @@ def compile_matrix(arch: int) -> list[dict]:
                                target=target, options=dict(num_warps=warps, num_stages=1))
             rec = dict(arch=arch, kernel="merge", dtype=dt, BLOCK_S=block_s, num_warps=warps,
                        pdl=pdl_arch, shared=int(k.metadata.shared))
-            _finish(rec, k)
+            finish_record(rec, k)
             out.append(rec)
     return out
 
 
-def _finish(rec: dict, k) -> None:
-    rec["smem_limit"] = SMEM_LIMIT[rec["arch"]]
-    rec["has_cubin"] = len(k.asm.get("cubin", b"")) > 0
-    rec["has_ptx"] = len(k.asm.get("ptx", "")) > 0
-    if rec["has_cubin"]:
-        rec.update(_resources(k.asm["cubin"]))
-
-
 @pytest.fixture(scope="module")
 def children():
-    """One child per arch ptxas knows, run concurrently (os.cpu_count() at a
-    time): {arch: CompletedProcess}."""
+    """One child per arch ptxas knows, run concurrently: {arch: CompletedProcess}."""
     pytest.importorskip("triton")
-    from concurrent.futures import ThreadPoolExecutor
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    arches = [a for a in ARCHES if _ptxas_supports(a)]
-
-    def run(arch):
-        return subprocess.run([sys.executable, __file__, str(arch)], capture_output=True,
-                              text=True, env=env, timeout=3600)
-
-    with ThreadPoolExecutor(max_workers=max(1, min(len(arches), os.cpu_count() or 1))) as pool:
-        return dict(zip(arches, pool.map(run, arches)))
+    return arch_children(__file__)
 
 
 @pytest.mark.parametrize("arch", ARCHES)

@@ -38,8 +38,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -49,7 +47,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_kernel_compile import ARCHES, SMEM_LIMIT, _ptxas_supports, _resources, _signature  # noqa: E402
+from test_kernel_compile import ARCHES, SMEM_LIMIT, _signature, arch_children, finish_record  # noqa: E402
 
 OPS_PKG = "vllm.models.deepseek_v4.common.ops"
 OPS_DIR = "vllm/models/deepseek_v4/common/ops"
@@ -57,7 +55,6 @@ OPS_DIR = "vllm/models/deepseek_v4/common/ops"
 # A PTX instruction converting to or from e4m3: cvt.rn.satfinite.e4m3x2.f32 (sm90+) or .f16x2
 # (sm89) encoding, cvt.rn.f16x2.e4m3x2 decoding (instruction lines only: the PTX's debug info
 # names triton_fp8_e4m3.py).
-E4M3_CVT = re.compile(r"^\s*(?:@!?%\w+\s+)?cvt\.[\w.]*e4m3", re.MULTILINE)
 
 # V4's shapes (DeepSeek-V4 Flash / Pro): attention head 512 = 448 nope (fp8) + 64 rope (bf16);
 # fp8_ds_mla cache rows of 576 data + 8 scale bytes; indexer head 128 with 132-byte cache rows;
@@ -404,16 +401,10 @@ def compile_v4_ops(arch: int) -> list[dict]:
         for fp8_hw in ([False, True] if hw else [False]):
             k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=dict(cst, **{hw_name: fp8_hw}),
                                          attrs=attrs), target=target, options=opts)
-            ptx = k.asm.get("ptx", "")
             rec = dict(arch=arch, kernel=kname, file=f"{OPS_DIR}/{key}.py", case=case, fp8_hw=fp8_hw,
                        selector_fp8_hw=hw, launcher_fp8_hw=launcher_hw, **opts,
-                       shared=int(k.metadata.shared), smem_limit=SMEM_LIMIT[arch],
-                       has_cubin=len(k.asm.get("cubin", b"")) > 0, has_ptx=len(ptx) > 0,
-                       e4m3_cvt=len(E4M3_CVT.findall(ptx)),
-                       aligned=sorted(ALIGNED[kname]))
-            if rec["has_cubin"]:
-                rec.update(_resources(k.asm["cubin"]))
-            out.append(rec)
+                       shared=int(k.metadata.shared), aligned=sorted(ALIGNED[kname]))
+            out.append(finish_record(rec, k))
     return out
 
 
@@ -422,24 +413,13 @@ def children():
     """One child per arch ptxas knows, run concurrently (os.cpu_count() at a time):
     {arch: CompletedProcess}."""
     pytest.importorskip("triton")
-    from concurrent.futures import ThreadPoolExecutor
-
     from conftest import default_tree
 
     tree = default_tree()
     if not (tree / OPS_DIR / "cache_utils.py").is_file():
         pytest.fail(f"no vLLM work tree with DeepSeek-V4 at {tree}: run `make patch` "
                     "(SMLA_TREE overrides it)")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["SMLA_TREE"] = str(tree)
-    arches = [a for a in ARCHES if _ptxas_supports(a)]
-
-    def run(arch):
-        return subprocess.run([sys.executable, __file__, str(arch)], capture_output=True, text=True,
-                              env=env, timeout=1800)
-
-    with ThreadPoolExecutor(max_workers=max(1, min(len(arches), os.cpu_count() or 1))) as pool:
-        return dict(zip(arches, pool.map(run, arches)))
+    return arch_children(__file__, env=dict(os.environ, SMLA_TREE=str(tree)), timeout=1800)
 
 
 @pytest.mark.parametrize("arch", ARCHES)
