@@ -196,6 +196,11 @@ def kv_cache_record(vllm_config, log_path: Path) -> dict:
     return rec
 
 
+# vLLM 0.26.0's CUDAGraphMode names an engine can be given (NONE is left out: compare.py
+# requires CUDA graphs).
+CUDAGRAPH_MODES = ("PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
 def is_v4(model: str) -> bool:
     return model in V4_MODELS
 
@@ -215,9 +220,16 @@ def v4_engine_kwargs(spec: dict) -> dict:
 
 
 def engine_kwargs(spec: dict) -> dict:
-    """The vllm.LLM(...) arguments of one engine."""
-    if is_v4(spec["model"]):
-        return v4_engine_kwargs(spec)
+    """The vllm.LLM(...) arguments of one engine (--cudagraph-mode: that CUDA-graph mode in
+    its compilation_config, else vLLM's default)."""
+    kwargs = v4_engine_kwargs(spec) if is_v4(spec["model"]) else _dsa_engine_kwargs(spec)
+    if spec.get("cudagraph_mode"):
+        kwargs["compilation_config"] = dict(kwargs["compilation_config"],
+                                            cudagraph_mode=spec["cudagraph_mode"])
+    return kwargs
+
+
+def _dsa_engine_kwargs(spec: dict) -> dict:
     kwargs = dict(ENGINE, model=spec["model_dir"], dtype=spec["dtype"],
                   tensor_parallel_size=spec["tp"], kv_cache_memory_bytes=spec["kv_bytes"])
     att = {}
@@ -435,6 +447,9 @@ def build_jobs(args) -> list[dict]:
                                          "env": dict(base_env, **side_env),
                                          "force_mqa": bool(args.force_mqa or mqa),
                                          "kv_bytes": args.kv_gib << 30})
+    mode = getattr(args, "cudagraph_mode", None)
+    for job in jobs:
+        job["cudagraph_mode"] = mode
     return jobs
 
 
@@ -606,6 +621,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--kv-gib", type=int, default=4)
     ap.add_argument("--engine-timeout", type=float, default=420.0)
+    ap.add_argument("--cudagraph-mode", choices=CUDAGRAPH_MODES, default=None,
+                    help="compilation_config.cudagraph_mode of every engine (default: vLLM's own, "
+                         "FULL_AND_PIECEWISE); e.g. FULL_DECODE_ONLY keeps every prefill step out of "
+                         "the graphs (README \"DeepSeek-V4\": the upstream defect's bisect)")
     ap.add_argument("--force-mqa", action="store_true",
                     help="attention_config.sparse_mla_force_mqa on every side: short prefills through the "
                          "sparse kernels too (default: vLLM's shared dense prefill for them; the "

@@ -639,3 +639,19 @@ def test_main_makes_the_checkpoint_before_the_engines_and_reports_it(tmp_path, m
     run_e2e.main(["--models", V4, "--sides", "ref", "--parallel", "1", "--out", str(out), "--results", str(res),
                   "--v4-checkpoints", str(ckpt)])
     assert json.loads((out / "summary.json").read_text())["checkpoints"][V4]["cached"] is True
+
+
+def test_cudagraph_mode_reaches_every_engine_and_only_when_asked():
+    """--cudagraph-mode (the upstream defect's bisect, README "DeepSeek-V4"): every engine's
+    compilation_config gets it beside the capture sizes; without it vLLM's default stays."""
+    for extra, want in (((), None), (("--cudagraph-mode", "FULL_DECODE_ONLY"), "FULL_DECODE_ONLY")):
+        args = run_e2e.parse_args(["--models", V4, "glm5-tiny", "--sides", "ref", "ours", *extra])
+        jobs = run_e2e.select_jobs(args)
+        assert {run_e2e.is_v4(j["model"]) for j in jobs} == {True, False}
+        for job in jobs:
+            cc = run_e2e.engine_kwargs(job)["compilation_config"]
+            assert cc.get("cudagraph_mode") == want, job["name"]
+            assert cc["cudagraph_capture_sizes"] == run_e2e.ENGINE["compilation_config"]["cudagraph_capture_sizes"]
+    assert "cudagraph_mode" not in run_e2e.ENGINE["compilation_config"]  # the shared default untouched
+    with pytest.raises(SystemExit):
+        run_e2e.parse_args(["--models", V4, "--cudagraph-mode", "NONE"])
