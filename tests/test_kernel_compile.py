@@ -184,6 +184,24 @@ def arch_children(script: str, env: dict | None = None, timeout: int = 3600) -> 
         return dict(zip(arches, pool.map(run, arches)))
 
 
+def arch_records(children: dict, arch: int) -> list[dict]:
+    """The compile records one child of `arch_children` printed (skips an arch ptxas lacks)."""
+    if arch not in children:
+        pytest.skip(f"bundled ptxas does not list sm_{arch}")
+    r = children[arch]
+    assert r.returncode == 0, r.stderr[-4000:]
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def assert_compiled(recs: list[dict]) -> None:
+    """Every record has a cubin and PTX and fits its arch's shared memory (printed)."""
+    too_big = [x for x in recs if x["shared"] > x["smem_limit"]]
+    assert not too_big, too_big
+    for x in recs:
+        assert x["has_cubin"] and x["has_ptx"], x
+        print(json.dumps(x))
+
+
 def _ptxas_supports(arch: int) -> bool:
     import triton
 
