@@ -8,6 +8,11 @@ captured; replays do not run Python), checks the real token rows for NaN/inf:
   _sparse_prefill  every gathered workspace row a query reads (indices below topk_length),
                    and the prefill output
   _o_proj          its input o and its result
+and DeepseekV4Attention._fused_qnorm_rope_kv_insert (the sliding-window cache write): the rows
+it just wrote must decode finite, its slot mapping must agree with the SWA block table, and
+each written slot is logged (call, position, CUDA-graph mode); the rows a replayed step wrote
+are re-read at the layer's next insert. A bad attention output then reports, for the first bad
+row's window slots, whether each decodes finite now and which insert last wrote it.
 Each finding is one line `SMLA_NANCHECK {json}` on stderr (the engine's log): the layer, the
 check, the first bad rows with their positions and the batch's layout; for bad attention
 output, the same call again into a zeroed buffer and the first bad row's decode metadata. At most MAX_LINES
@@ -20,11 +25,21 @@ import json
 import sys
 
 NAN_CHECK_ENV = "SMLA_E2E_NAN_CHECK"
-MODULES = ("vllm.models.deepseek_v4.nvidia.flashmla", "vllm.models.deepseek_v4.nvidia.triton_sparse")
+MODULES = ("vllm.models.deepseek_v4.attention", "vllm.models.deepseek_v4.nvidia.flashmla",
+           "vllm.models.deepseek_v4.nvidia.triton_sparse")
 CLASSES = ("DeepseekV4FlashMLAAttention", "DeepseekV4TritonAttention")
+INSERT_CLASS = "DeepseekV4Attention"
 MAX_LINES = 300
+MAX_WENT_BAD_LINES = 40
 FIRST_ROWS = 8
+# fp8_ds_mla token row of the SWA cache: 448 e4m3 + 64 bf16 (576 B), then per token 8 UE8M0
+# scale bytes (7 used) after the block's data.
+TOKEN_BYTES, NOPE, NOPE_GROUPS, SCALE_BYTES = 576, 448, 7, 8
 _lines = 0
+_went_bad_lines = 0
+_calls: dict = {}      # layer -> number of eager inserts seen
+_writes: dict = {}     # layer -> {slot: (call, position, cudagraph mode, padded tokens)}
+_replayed: dict = {}   # layer -> (call, slots, positions) of the last insert of a replayed step
 
 
 def _emit(record: dict) -> None:
@@ -128,6 +143,10 @@ def _rerun(layer, fn, q, kv, positions, output, rows) -> dict:
             idx = getattr(swa, "decode_swa_indices", None)
             if idx is not None:
                 info["first_row_decode_swa_indices"] = idx[r].reshape(-1)[:32].tolist()
+                n_read = info.get("first_row_decode_swa_lens")
+                if isinstance(n_read, int):
+                    info["first_row_swa_history"] = _swa_history(
+                        layer, idx[r].reshape(-1)[:min(n_read, 32)].tolist())
             seq = getattr(swa, "seq_lens", None)
             req = info.get("first_row_token_to_req_indices")
             if seq is not None and isinstance(req, int) and req < seq.shape[0]:
@@ -135,6 +154,130 @@ def _rerun(layer, fn, q, kv, positions, output, rows) -> dict:
     except Exception as e:  # noqa: BLE001
         info["metadata_error"] = repr(e)[:300]
     return info
+
+
+def _storage_bytes(cache):
+    """The whole uint8 storage behind a cache view (slot offsets are computed with its strides)."""
+    import torch
+
+    flat = torch.empty(0, dtype=torch.uint8, device=cache.device)
+    return flat.set_(cache.untyped_storage())
+
+
+def _finite_slots(cache, slots, block_size: int):
+    """For each slot id (block * block_size + offset) of an fp8_ds_mla cache: does its token
+    decode to finite values (e4m3 NaN codes, and scale 0xff = 2^128, are not)."""
+    import torch
+
+    slots = slots.reshape(-1).long()
+    if slots.numel() == 0:
+        return torch.ones(0, dtype=torch.bool, device=cache.device)
+    flat = _storage_bytes(cache)
+    block, off = slots // block_size, slots % block_size
+    base = cache.storage_offset() + block * cache.stride(0)
+    data = flat[(base + off * TOKEN_BYTES)[:, None]
+                + torch.arange(TOKEN_BYTES, device=cache.device)]
+    scale = flat[(base + block_size * TOKEN_BYTES + off * SCALE_BYTES)[:, None]
+                 + torch.arange(NOPE_GROUPS, device=cache.device)]
+    nope = data[:, :NOPE].contiguous().view(torch.float8_e4m3fn).float()
+    nope = nope.view(-1, NOPE_GROUPS, NOPE // NOPE_GROUPS) * torch.exp2(scale.float() - 127)[..., None]
+    rope = data[:, NOPE:].contiguous().view(torch.bfloat16).float()
+    return torch.isfinite(nope).flatten(1).all(1) & torch.isfinite(rope).all(1)
+
+
+def _swa_history(layer, slots) -> list:
+    """[slot, decodes finite now, last logged write (call, position, mode, padded tokens)]."""
+    import torch
+
+    cache = layer.swa_cache_layer.kv_cache
+    if cache.dtype != torch.uint8 or not slots:
+        return []
+    block_size = _swa_block_size(layer)
+    finite = _finite_slots(cache, torch.tensor(slots, device=cache.device), block_size).tolist()
+    log = _writes.get(layer.prefix, {})
+    return [[s, f, log.get(s)] for s, f in zip(slots, finite)]
+
+
+def _swa_block_size(layer) -> int:
+    from vllm.forward_context import get_forward_context
+
+    md = get_forward_context().attn_metadata
+    return int(md[layer.swa_cache_layer.prefix].block_size)
+
+
+def _runtime_mode() -> str:
+    """The step's CUDA-graph runtime mode (NONE: eager; PIECEWISE: a breakable-graph replay)."""
+    from vllm.forward_context import get_forward_context
+
+    return str(getattr(get_forward_context(), "cudagraph_runtime_mode", None))
+
+
+def _check_insert(layer, q, positions, attn_metadata) -> None:
+    """After an eager SWA insert: log its slots, check the rows decode finite and that the slot
+    mapping is the block table's; re-read the rows the layer's last replayed step wrote."""
+    import torch
+
+    swa = attn_metadata.get(layer.swa_cache_layer.prefix)
+    cache = layer.swa_cache_layer.kv_cache
+    if swa is None or cache.dtype != torch.uint8:
+        return
+    name, bs = layer.prefix, int(swa.block_size)
+    mode = _runtime_mode()
+    call = _calls[name] = _calls.get(name, 0) + 1
+    sm = swa.slot_mapping
+    n = sm.shape[0]
+    pos = positions[:n]
+    head = {"layer": name, "call": call, "mode": mode, "tokens": n, "padded_tokens": q.shape[0]}
+
+    global _went_bad_lines
+    last = _replayed.pop(name, None)
+    if last is not None and _went_bad_lines < MAX_WENT_BAD_LINES:
+        lcall, lslots, lpos = last
+        ok = _finite_slots(cache, lslots, bs)
+        if not bool(ok.all()):
+            _went_bad_lines += 1
+            bad = torch.nonzero(~ok).flatten()[:16]
+            _emit({**head, "check": "replayed_rows_went_bad", "written_at_call": lcall,
+                   "slots": lslots[bad].tolist(), "positions": lpos[bad].tolist(),
+                   "n_bad": int((~ok).sum())})
+
+    slots = sm.tolist()
+    log = _writes.setdefault(name, {})
+    for s, p in zip(slots, pos.tolist()):
+        if s >= 0:
+            log[s] = (call, p, mode, q.shape[0])
+    valid = sm >= 0
+    ok = _finite_slots(cache, sm[valid], bs)
+    if not bool(ok.all()):
+        bad = torch.nonzero(~ok).flatten()[:16]
+        _emit({**head, "check": "insert_wrote_bad", "slots": sm[valid][bad].tolist(),
+               "positions": pos[valid][bad].tolist()})
+    qsl = getattr(swa, "query_start_loc_cpu", None)
+    if qsl is not None and n and int(qsl[-1]) == n:
+        req = torch.repeat_interleave(torch.arange(qsl.numel() - 1), qsl[1:] - qsl[:-1]).to(sm.device)
+        bt = swa.block_table
+        expect = bt[req, (pos // bs).long()].long() * bs + pos % bs
+        differ = valid & (expect != sm.long())
+        if bool(differ.any()):
+            rows = torch.nonzero(differ).flatten()[:FIRST_ROWS]
+            _emit({**head, "check": "slot_mapping_not_block_table", "n_bad": int(differ.sum()),
+                   "rows": rows.tolist(), "slot_mapping": sm[rows].tolist(),
+                   "block_table_slots": expect[rows].tolist(), "positions": pos[rows].tolist()})
+    if mode not in ("CUDAGraphMode.NONE", "None") and bool(valid.any()):
+        _replayed[name] = (call, sm[valid].clone(), pos[valid].clone())
+
+
+def _wrap_insert(fn):
+    @functools.wraps(fn)
+    def _fused_qnorm_rope_kv_insert(self, q, kv, positions, attn_metadata):
+        out = fn(self, q, kv, positions, attn_metadata)
+        if isinstance(attn_metadata, dict) and not _skip():
+            try:  # a diagnostic must not stop the engine
+                _check_insert(self, q, positions, attn_metadata)
+            except Exception as e:  # noqa: BLE001
+                _emit({"layer": self.prefix, "check": "insert_probe_error", "error": repr(e)[:300]})
+        return out
+    return _fused_qnorm_rope_kv_insert
 
 
 def _wrap_sparse_prefill(fn):
@@ -193,6 +336,12 @@ WRAPPERS = {"forward_mqa": _wrap_forward_mqa, "_sparse_prefill": _wrap_sparse_pr
 def patch_module(module) -> None:
     """Wrap the methods each V4 attention class of `module` defines itself (an inherited one
     is wrapped where it is defined, once)."""
+    base = getattr(module, INSERT_CLASS, None)
+    fn = getattr(base, "__dict__", {}).get("_fused_qnorm_rope_kv_insert")
+    if fn is not None and not getattr(fn, "_smla_nan_probe", False):
+        wrapped = _wrap_insert(fn)
+        wrapped._smla_nan_probe = True
+        base._fused_qnorm_rope_kv_insert = wrapped
     for cls_name in CLASSES:
         cls = getattr(module, cls_name, None)
         if cls is None:

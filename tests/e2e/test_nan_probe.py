@@ -143,6 +143,105 @@ def test_o_proj_reports_bad_input_rows_even_when_its_result_is_finite(probe):
     assert rec["check"] == "o_proj" and rec["n_bad"] == 0 and rec["o_bad_rows"] == [2]
 
 
+BS = 4  # tokens per SWA block of the stand-in cache
+
+
+def _swa_layer(n_blocks=6, block_table=((1, 2), (3, 4))):
+    """A stand-in DeepseekV4Attention over an fp8_ds_mla SWA cache (BS tokens per block, block
+    stride past the block's bytes as in vLLM's packed layout) whose insert writes finite rows,
+    or an e4m3 NaN code for the positions in `nan_positions`."""
+    block_bytes = BS * (nan_probe.TOKEN_BYTES + nan_probe.SCALE_BYTES)
+    backing = torch.zeros(n_blocks, block_bytes + 64, dtype=torch.uint8)
+    cache = backing[:, :block_bytes]
+    md = types.SimpleNamespace(block_size=BS, block_table=torch.tensor(block_table, dtype=torch.int32))
+
+    def write(slot, bad):
+        b, o = divmod(slot, BS)
+        cache[b, o * nan_probe.TOKEN_BYTES:(o + 1) * nan_probe.TOKEN_BYTES] = 0x7F if bad else 0
+        s0 = BS * nan_probe.TOKEN_BYTES + o * nan_probe.SCALE_BYTES
+        cache[b, s0:s0 + nan_probe.SCALE_BYTES] = 127
+
+    class DeepseekV4Attention:
+        prefix = "model.layers.0.attn"
+        swa_cache_layer = types.SimpleNamespace(prefix="swa0", kv_cache=cache)
+        nan_positions: tuple = ()
+
+        def _fused_qnorm_rope_kv_insert(self, q, kv, positions, attn_metadata):
+            sm = attn_metadata["swa0"].slot_mapping
+            for s, p in zip(sm.tolist(), positions.tolist()):
+                if s >= 0:
+                    write(s, p in self.nan_positions)
+            return q
+
+    nan_probe.patch_module(types.SimpleNamespace(DeepseekV4Attention=DeepseekV4Attention))
+    return DeepseekV4Attention(), md, write
+
+
+def _insert(layer, md, slots, positions, qsl):
+    md.slot_mapping = torch.tensor(slots)
+    md.query_start_loc_cpu = torch.tensor(qsl)
+    q = torch.zeros(len(positions) + 2, 1)  # padded like a graph step
+    layer._fused_qnorm_rope_kv_insert(q, q, torch.tensor(positions + [0, 0]), {"swa0": md})
+
+
+@pytest.fixture
+def swa_probe(probe, monkeypatch):
+    for name, value in (("_calls", {}), ("_writes", {}), ("_replayed", {}), ("_went_bad_lines", 0)):
+        monkeypatch.setattr(nan_probe, name, value)
+    mode = {"now": "CUDAGraphMode.NONE"}
+    monkeypatch.setattr(nan_probe, "_runtime_mode", lambda: mode["now"])
+    monkeypatch.setattr(nan_probe, "_swa_block_size", lambda layer: BS)
+    return probe, mode
+
+
+def test_the_swa_cache_decode_reads_e4m3_nan_codes_and_scales_through_the_block_stride():
+    layer, md, write = _swa_layer()
+    cache = layer.swa_cache_layer.kv_cache
+    for slot in (4, 5, 23):
+        write(slot, bad=slot == 5)
+    s0 = BS * nan_probe.TOKEN_BYTES + 3 * nan_probe.SCALE_BYTES  # slot 23 = block 5, offset 3
+    assert nan_probe._finite_slots(cache, torch.tensor([4, 5, 23]), BS).tolist() == [True, False, True]
+    cache[5, s0] = 0xFF  # scale 2^128 times a zero: NaN
+    assert nan_probe._finite_slots(cache, torch.tensor([23]), BS).tolist() == [False]
+
+
+def test_the_insert_probe_logs_slots_and_checks_them_against_the_block_table(swa_probe):
+    probe, mode = swa_probe
+    layer, md, _ = _swa_layer()
+    # request 0: positions 0..2 in block 1; request 1: position 5 in block 4 (row 1, block 1)
+    _insert(layer, md, [4, 5, 6, 17], [0, 1, 2, 5], [0, 3, 4])
+    assert probe() == []
+    assert nan_probe._writes[layer.prefix][17] == (1, 5, "CUDAGraphMode.NONE", 6)
+    _insert(layer, md, [4, 5, 9, -1], [0, 1, 2, 3], [0, 3, 4])  # 9 is not block 1's slot 2
+    (rec,) = probe()
+    assert rec["check"] == "slot_mapping_not_block_table" and rec["rows"] == [2]
+    assert rec["slot_mapping"] == [9] and rec["block_table_slots"] == [6] and rec["call"] == 2
+    layer.nan_positions = (1,)
+    _insert(layer, md, [4, 5], [0, 1], [0, 2])
+    (rec,) = probe()
+    assert rec["check"] == "insert_wrote_bad" and rec["slots"] == [5] and rec["positions"] == [1]
+
+
+def test_rows_a_replayed_step_wrote_are_reread_at_the_next_insert(swa_probe):
+    probe, mode = swa_probe
+    layer, md, write = _swa_layer()
+    mode["now"] = "CUDAGraphMode.PIECEWISE"
+    _insert(layer, md, [4, 5, 6], [0, 1, 2], [0, 3])
+    write(5, bad=True)  # something else overwrites a row between the two steps
+    mode["now"] = "CUDAGraphMode.NONE"
+    _insert(layer, md, [7], [3], [0, 1])
+    (rec,) = probe()
+    assert rec["check"] == "replayed_rows_went_bad" and rec["written_at_call"] == 1
+    assert rec["slots"] == [5] and rec["positions"] == [1]
+    # history of a bad decode's window: finite now?, and the insert that last wrote each slot
+    assert nan_probe._swa_history(layer, [4, 5, 8]) == [
+        [4, True, (1, 0, "CUDAGraphMode.PIECEWISE", 5)],
+        [5, False, (1, 1, "CUDAGraphMode.PIECEWISE", 5)],
+        [8, True, None]]
+    _insert(layer, md, [8], [4], [0, 1])  # an eager step's rows are not re-read
+    assert probe() == []
+
+
 def test_the_plugin_installs_the_probe_only_when_asked(monkeypatch):
     name = nan_probe.MODULES[0]
     monkeypatch.delitem(sys.modules, name, raising=False)
