@@ -10,9 +10,11 @@ captured; replays do not run Python), checks the real token rows for NaN/inf:
   _o_proj          its input o and its result
 and DeepseekV4Attention._fused_qnorm_rope_kv_insert (the sliding-window cache write): the rows
 it just wrote must decode finite, its slot mapping must agree with the SWA block table, and
-each written slot is logged (call, position, CUDA-graph mode); the rows a replayed step wrote
-are re-read at the layer's next insert. A bad attention output then reports, for the first bad
-row's window slots, whether each decodes finite now and which insert last wrote it.
+each written slot is logged (call, position, CUDA-graph mode); an insert of a replayed step
+(mode not NONE) is reported with each request's first position, slot and block, and the rows
+it wrote are re-read at the layer's next insert. A bad attention output then reports, for the
+first bad row's window slots, whether each decodes finite now and which insert last wrote
+it, the request's block-table row, and the layer's last inserts.
 Each finding is one line `SMLA_NANCHECK {json}` on stderr (the engine's log): the layer, the
 check, the first bad rows with their positions and the batch's layout; for bad attention
 output, the same call again into a zeroed buffer and the first bad row's decode metadata. At most MAX_LINES
@@ -31,12 +33,17 @@ CLASSES = ("DeepseekV4FlashMLAAttention", "DeepseekV4TritonAttention")
 INSERT_CLASS = "DeepseekV4Attention"
 MAX_LINES = 300
 MAX_WENT_BAD_LINES = 40
+MAX_REPLAYED_INSERT_LINES = 60
+RING = 6  # the last inserts of a layer, reported with a bad attention output
+EAGER_MODES = ("NONE", "CUDAGraphMode.NONE", "None")
 FIRST_ROWS = 8
 # fp8_ds_mla token row of the SWA cache: 448 e4m3 + 64 bf16 (576 B), then per token 8 UE8M0
 # scale bytes (7 used) after the block's data.
 TOKEN_BYTES, NOPE, NOPE_GROUPS, SCALE_BYTES = 576, 448, 7, 8
 _lines = 0
 _went_bad_lines = 0
+_replayed_insert_lines = 0
+_ring: dict = {}       # layer -> the last RING inserts: call, mode, tokens, each request's first row
 _calls: dict = {}      # layer -> number of eager inserts seen
 _writes: dict = {}     # layer -> {slot: (call, position, cudagraph mode, padded tokens)}
 _replayed: dict = {}   # layer -> (call, slots, positions) of the last insert of a replayed step
@@ -147,6 +154,10 @@ def _rerun(layer, fn, q, kv, positions, output, rows) -> dict:
                 if isinstance(n_read, int):
                     info["first_row_swa_history"] = _swa_history(
                         layer, idx[r].reshape(-1)[:min(n_read, 32)].tolist())
+                info["insert_ring"] = _ring.get(layer.prefix, [])
+            req = info.get("first_row_token_to_req_indices")
+            if isinstance(req, int) and req < swa.block_table.shape[0]:
+                info["first_row_block_table"] = swa.block_table[req, :4].tolist()
             seq = getattr(swa, "seq_lens", None)
             req = info.get("first_row_token_to_req_indices")
             if seq is not None and isinstance(req, int) and req < seq.shape[0]:
@@ -253,6 +264,7 @@ def _check_insert(layer, q, positions, attn_metadata) -> None:
         _emit({**head, "check": "insert_wrote_bad", "slots": sm[valid][bad].tolist(),
                "positions": pos[valid][bad].tolist()})
     qsl = getattr(swa, "query_start_loc_cpu", None)
+    firsts = []
     if qsl is not None and n and int(qsl[-1]) == n:
         req = torch.repeat_interleave(torch.arange(qsl.numel() - 1), qsl[1:] - qsl[:-1]).to(sm.device)
         bt = swa.block_table
@@ -263,8 +275,20 @@ def _check_insert(layer, q, positions, attn_metadata) -> None:
             _emit({**head, "check": "slot_mapping_not_block_table", "n_bad": int(differ.sum()),
                    "rows": rows.tolist(), "slot_mapping": sm[rows].tolist(),
                    "block_table_slots": expect[rows].tolist(), "positions": pos[rows].tolist()})
-    if mode not in ("CUDAGraphMode.NONE", "None") and bool(valid.any()):
-        _replayed[name] = (call, sm[valid].clone(), pos[valid].clone())
+        starts = qsl[:-1][qsl[1:] > qsl[:-1]][:16].tolist()
+        rows_of = req[starts].tolist()
+        block0 = bt[rows_of, 0].tolist() if rows_of else []
+        firsts = [[r, pos[t].item(), slots[t], b] for r, t, b in zip(rows_of, starts, block0)]
+    ring = _ring.setdefault(name, [])
+    ring.append([call, mode, n, q.shape[0], firsts])
+    del ring[:-RING]
+    global _replayed_insert_lines
+    if mode not in EAGER_MODES:
+        if _replayed_insert_lines < MAX_REPLAYED_INSERT_LINES:
+            _replayed_insert_lines += 1
+            _emit({**head, "check": "replayed_insert", "requests": firsts})
+        if bool(valid.any()):
+            _replayed[name] = (call, sm[valid].clone(), pos[valid].clone())
 
 
 def _wrap_insert(fn):

@@ -186,9 +186,10 @@ def _insert(layer, md, slots, positions, qsl):
 
 @pytest.fixture
 def swa_probe(probe, monkeypatch):
-    for name, value in (("_calls", {}), ("_writes", {}), ("_replayed", {}), ("_went_bad_lines", 0)):
+    for name, value in (("_calls", {}), ("_writes", {}), ("_replayed", {}), ("_ring", {}),
+                        ("_went_bad_lines", 0), ("_replayed_insert_lines", 0)):
         monkeypatch.setattr(nan_probe, name, value)
-    mode = {"now": "CUDAGraphMode.NONE"}
+    mode = {"now": "NONE"}
     monkeypatch.setattr(nan_probe, "_runtime_mode", lambda: mode["now"])
     monkeypatch.setattr(nan_probe, "_swa_block_size", lambda layer: BS)
     return probe, mode
@@ -211,7 +212,7 @@ def test_the_insert_probe_logs_slots_and_checks_them_against_the_block_table(swa
     # request 0: positions 0..2 in block 1; request 1: position 5 in block 4 (row 1, block 1)
     _insert(layer, md, [4, 5, 6, 17], [0, 1, 2, 5], [0, 3, 4])
     assert probe() == []
-    assert nan_probe._writes[layer.prefix][17] == (1, 5, "CUDAGraphMode.NONE", 6)
+    assert nan_probe._writes[layer.prefix][17] == (1, 5, "NONE", 6)
     _insert(layer, md, [4, 5, 9, -1], [0, 1, 2, 3], [0, 3, 4])  # 9 is not block 1's slot 2
     (rec,) = probe()
     assert rec["check"] == "slot_mapping_not_block_table" and rec["rows"] == [2]
@@ -225,21 +226,26 @@ def test_the_insert_probe_logs_slots_and_checks_them_against_the_block_table(swa
 def test_rows_a_replayed_step_wrote_are_reread_at_the_next_insert(swa_probe):
     probe, mode = swa_probe
     layer, md, write = _swa_layer()
-    mode["now"] = "CUDAGraphMode.PIECEWISE"
+    mode["now"] = "PIECEWISE"
     _insert(layer, md, [4, 5, 6], [0, 1, 2], [0, 3])
+    (rec,) = probe()  # a replayed step's insert: each request's first position, slot, block
+    assert rec["check"] == "replayed_insert" and rec["requests"] == [[0, 0, 4, 1]]
     write(5, bad=True)  # something else overwrites a row between the two steps
-    mode["now"] = "CUDAGraphMode.NONE"
+    mode["now"] = "NONE"
     _insert(layer, md, [7], [3], [0, 1])
     (rec,) = probe()
     assert rec["check"] == "replayed_rows_went_bad" and rec["written_at_call"] == 1
     assert rec["slots"] == [5] and rec["positions"] == [1]
     # history of a bad decode's window: finite now?, and the insert that last wrote each slot
     assert nan_probe._swa_history(layer, [4, 5, 8]) == [
-        [4, True, (1, 0, "CUDAGraphMode.PIECEWISE", 5)],
-        [5, False, (1, 1, "CUDAGraphMode.PIECEWISE", 5)],
+        [4, True, (1, 0, "PIECEWISE", 5)],
+        [5, False, (1, 1, "PIECEWISE", 5)],
         [8, True, None]]
     _insert(layer, md, [8], [4], [0, 1])  # an eager step's rows are not re-read
     assert probe() == []
+    assert nan_probe._ring[layer.prefix] == [
+        [1, "PIECEWISE", 3, 5, [[0, 0, 4, 1]]], [2, "NONE", 1, 3, [[0, 3, 7, 1]]],
+        [3, "NONE", 1, 3, [[0, 4, 8, 1]]]]
 
 
 def test_the_plugin_installs_the_probe_only_when_asked(monkeypatch):
