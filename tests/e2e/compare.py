@@ -311,6 +311,20 @@ def _v4_sum_bounds(kernel: dict, cost: dict, f: float) -> dict:
                 else kernel[k] + f * STATS[k](cost)) for k in STATS}
 
 
+def _v4_o_proj_sanity(fixed: dict, calibrated: dict | None) -> tuple[dict, str]:
+    """ref-o16 vs ref, a gross-error check of the bf16 output projection: the fixed bf16 bounds,
+    except top-1 disagreement, which is at least the calibrated bound. How often two engines
+    pick different top-1 tokens is set by the near-ties of the tiny model's flat logits: two
+    upstream engines that differ only in prefill chunking already disagree on 5.7-5.8% of the V4
+    positions (2026-12-01, five runs), against the fixed 0.06 written for the DSA models."""
+    if calibrated is None:
+        return dict(fixed), "fixed bfloat16 (sanity of the bf16 output projection shared by ours and ref-o16)"
+    top1 = "tf_top1_disagree"
+    return ({**fixed, top1: max(fixed[top1], calibrated[top1])},
+            f"fixed bfloat16 (sanity of the bf16 output projection shared by ours and ref-o16); "
+            f"{top1}: at least the calibrated bound")
+
+
 def compare_v4(jobs: list[dict], loaded: dict, bounds: dict) -> list[dict]:
     """The DeepSeek-V4 comparisons of one run (module docstring), in the order calibration,
     o_proj cost, ours vs ref-o16, ours vs ref, per (TP, model)."""
@@ -342,16 +356,15 @@ def compare_v4(jobs: list[dict], loaded: dict, bounds: dict) -> list[dict]:
         if calib is None and tp != 1:  # the TP=1 calibration of the model, as for the DSA models
             calib = next((c for (o, r), c in done.items() if c.get("role") == "calibration" and c["tp"] == 1
                           and c["model"] == model), None)
-        cost = pair(ref, n["ref-o16"], sides["ref-o16"], "o_proj cost") if "ref-o16" in n else None
-        if cost is not None:
-            cost["bounds"], cost["bounds_from"] = fixed, (
-                "fixed bfloat16 (sanity of the bf16 output projection shared by ours and ref-o16)")
-            cost["broken"] = check_bounds(cost, cost["bounds"])
-        if "ours" not in n:
-            continue
         kernel, kernel_from = bounds_for("bfloat16", calib, {**bounds, "factor": {"bfloat16": cfg["factor"]}})
         if calib is not None:
             kernel_from += " (ref2: prefill chunks of 1024 tokens, upstream vs upstream)"
+        cost = pair(ref, n["ref-o16"], sides["ref-o16"], "o_proj cost") if "ref-o16" in n else None
+        if cost is not None:
+            cost["bounds"], cost["bounds_from"] = _v4_o_proj_sanity(fixed, kernel if calib else None)
+            cost["broken"] = check_bounds(cost, cost["bounds"])
+        if "ours" not in n:
+            continue
         if cost is not None:
             c = pair(n["ref-o16"], n["ours"], sides["ours"], "kernels")
             if c is not None:

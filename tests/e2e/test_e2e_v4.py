@@ -303,14 +303,17 @@ def _probe(side: str, rec: dict, drafter: dict | None = None) -> dict:
     return {"model_probe": [one(rec)], "drafter_probe": [one(d)]}
 
 
-def _run(tmp_path, shifts=None, records=None, extra=(), sides=SIDES):
-    """Engines of the V4 command on synthetic arrays: shifts[side] moves every prompt logprob."""
+def _run(tmp_path, shifts=None, records=None, extra=(), sides=SIDES, top1_flips=None):
+    """Engines of the V4 command on synthetic arrays: shifts[side] moves every prompt logprob;
+    top1_flips[side] changes the teacher-forced top-1 token at that fraction of positions."""
     args = run_e2e.parse_args(["--models", V4, "--sides", *sides, *extra])
     jobs = run_e2e.select_jobs(args)
     base = _arrays()
     for job in jobs:
         arrays = {k: v.copy() for k, v in base.items()}
         arrays["prompt_lp"] += np.float32((shifts or {}).get(job["side"], 0.0))
+        flips = int((top1_flips or {}).get(job["side"], 0.0) * arrays["prompt_top1"].size)
+        arrays["prompt_top1"][:flips] += 1
         complete = job["v4_ref_kernels"] == "complete"
         rec = (records or {}).get(job["side"], _record(job["side"], complete))
         meta = {"ok": True, **_probe(job["side"], rec),
@@ -361,6 +364,18 @@ def test_v4_bounds_break(tmp_path, shifts, broken):
     s, _ = _run(tmp_path, shifts=shifts)
     assert s["failures"] == [] and s["exit_code"] == 1
     assert {k for k, c in _by(s).items() if c["broken"]} == broken
+
+
+@pytest.mark.parametrize("o16_flips,broken", [(0.09, False), (0.13, True)])
+def test_v4_o_proj_sanity_top1_bound_is_at_least_the_calibrated_one(tmp_path, o16_flips, broken):
+    # upstream vs upstream disagrees on 6% of the top-1 tokens: calibrated bound 0.12 > fixed 0.06
+    s, bounds = _run(tmp_path, top1_flips={"ref2": 0.06, "ref-o16": o16_flips, "ours": o16_flips})
+    cost = _by(s)[("ref-o16", "ref")]
+    assert cost["bounds"]["tf_top1_disagree"] == pytest.approx(0.12, abs=1e-3)
+    assert cost["bounds"]["tf_mean_abs"] == bounds["fixed"]["bfloat16"]["tf_mean_abs"]
+    assert cost["bounds_from"].endswith("tf_top1_disagree: at least the calibrated bound")
+    assert bool(cost["broken"]) is broken
+    assert bounds["fixed"]["bfloat16"]["tf_top1_disagree"] < o16_flips  # the fixed bound alone fails
 
 
 def test_v4_without_calibration_or_o_proj_engine_falls_back_to_fixed_bounds(tmp_path):
