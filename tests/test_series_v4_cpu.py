@@ -1,4 +1,4 @@
-"""The series' DeepSeek-V4 tests that need no GPU (patches 0014-0020: the e4m3
+"""The series' DeepSeek-V4 tests that need no GPU (patches 0014-0021: the e4m3
 encoder's routing, the CuTe DSL gates and the Triton compressor path, mHC, o_proj,
 the attention class and its selection under a mocked capability), run by pytest as
 vLLM would run them, in a process of their own with the patched tree first on the
@@ -7,10 +7,12 @@ path. Their CUDA cases skip here; tests/gpu runs the kernels on the H200.
 that the toolkit does not install."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 FILES = ["tests/kernels/test_deepseek_v4_attn_selection.py",
          "tests/kernels/test_deepseek_v4_cutedsl_fallback.py",
@@ -33,3 +35,32 @@ def test_series_v4_tests_pass_on_cpu(vllm_tree):
     assert proc.returncode == 0, tail
     passed = re.search(r"(\d+) passed", tail)
     assert passed and int(passed.group(1)) >= 100, tail  # 142 on 2026-12-01; CUDA cases skip
+
+
+BREAKABLE_TESTS = "tests/v1/cudagraph/test_breakable_cudagraph.py"
+
+
+def test_series_breakable_cudagraph_decorator_tests_pass_on_cpu(vllm_tree):
+    """Patch 0021's vLLM-style test and the pass-through one next to it (the file's CUDA cases
+    skip; its runner-metadata test needs llguidance, which the toolkit does not install)."""
+    env = dict(os.environ, PYTHONPATH=str(vllm_tree))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--noconftest", "-p", "no:cacheprovider",
+                           "-W", "ignore", BREAKABLE_TESTS, "-k", "enabled_after_import or passthrough"],
+                          cwd=vllm_tree, env=env, capture_output=True, text=True, timeout=600)
+    tail = "\n".join(proc.stdout.splitlines()[-15:])
+    assert proc.returncode == 0 and "2 passed" in tail, tail
+
+
+def test_v4_ops_stay_eager_breaks_when_imported_before_the_config_enables_them(vllm_tree):
+    """The import order of a real engine (tests/series_import_chain.py): the V4 attention op and
+    the sparse indexer op, imported while VLLM_USE_BREAKABLE_CUDAGRAPH is unset, are still eager
+    breaks. Without patch 0021 both are the bare functions and the PIECEWISE graphs capture
+    them."""
+    env = dict(os.environ, PYTHONPATH=str(vllm_tree))
+    env.pop("VLLM_USE_BREAKABLE_CUDAGRAPH", None)
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("series_import_chain.py"))],
+                          cwd=vllm_tree, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"attention_imported": True, "indexer_imported": True, "attention_impl_breaks": True,
+                   "indexer_op_breaks": True, "breakable_env": None}, got

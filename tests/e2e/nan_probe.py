@@ -224,71 +224,85 @@ def _runtime_mode() -> str:
 
 
 def _check_insert(layer, q, positions, attn_metadata) -> None:
-    """After an eager SWA insert: log its slots, check the rows decode finite and that the slot
-    mapping is the block table's; re-read the rows the layer's last replayed step wrote."""
+    """After an eager SWA insert: re-read the rows the layer's last replayed step wrote, log
+    this insert's slots, check its rows decode finite and its slot mapping is the block
+    table's; a replayed step's insert is reported and remembered."""
     import torch
 
     swa = attn_metadata.get(layer.swa_cache_layer.prefix)
     cache = layer.swa_cache_layer.kv_cache
     if swa is None or cache.dtype != torch.uint8:
         return
-    name, bs = layer.prefix, int(swa.block_size)
-    mode = _runtime_mode()
+    name, bs, mode = layer.prefix, int(swa.block_size), _runtime_mode()
     call = _calls[name] = _calls.get(name, 0) + 1
     sm = swa.slot_mapping
     n = sm.shape[0]
-    pos = positions[:n]
+    pos, valid = positions[:n], sm >= 0
     head = {"layer": name, "call": call, "mode": mode, "tokens": n, "padded_tokens": q.shape[0]}
-
-    global _went_bad_lines
-    last = _replayed.pop(name, None)
-    if last is not None and _went_bad_lines < MAX_WENT_BAD_LINES:
-        lcall, lslots, lpos = last
-        ok = _finite_slots(cache, lslots, bs)
-        if not bool(ok.all()):
-            _went_bad_lines += 1
-            bad = torch.nonzero(~ok).flatten()[:16]
-            _emit({**head, "check": "replayed_rows_went_bad", "written_at_call": lcall,
-                   "slots": lslots[bad].tolist(), "positions": lpos[bad].tolist(),
-                   "n_bad": int((~ok).sum())})
-
+    _reread_replayed(name, cache, bs, head)
     slots = sm.tolist()
     log = _writes.setdefault(name, {})
     for s, p in zip(slots, pos.tolist()):
         if s >= 0:
             log[s] = (call, p, mode, q.shape[0])
-    valid = sm >= 0
     ok = _finite_slots(cache, sm[valid], bs)
     if not bool(ok.all()):
         bad = torch.nonzero(~ok).flatten()[:16]
         _emit({**head, "check": "insert_wrote_bad", "slots": sm[valid][bad].tolist(),
                "positions": pos[valid][bad].tolist()})
-    qsl = getattr(swa, "query_start_loc_cpu", None)
-    firsts = []
-    if qsl is not None and n and int(qsl[-1]) == n:
-        req = torch.repeat_interleave(torch.arange(qsl.numel() - 1), qsl[1:] - qsl[:-1]).to(sm.device)
-        bt = swa.block_table
-        expect = bt[req, (pos // bs).long()].long() * bs + pos % bs
-        differ = valid & (expect != sm.long())
-        if bool(differ.any()):
-            rows = torch.nonzero(differ).flatten()[:FIRST_ROWS]
-            _emit({**head, "check": "slot_mapping_not_block_table", "n_bad": int(differ.sum()),
-                   "rows": rows.tolist(), "slot_mapping": sm[rows].tolist(),
-                   "block_table_slots": expect[rows].tolist(), "positions": pos[rows].tolist()})
-        starts = qsl[:-1][qsl[1:] > qsl[:-1]][:16].tolist()
-        rows_of = req[starts].tolist()
-        block0 = bt[rows_of, 0].tolist() if rows_of else []
-        firsts = [[r, pos[t].item(), slots[t], b] for r, t, b in zip(rows_of, starts, block0)]
+    firsts = _against_block_table(swa, sm, pos, valid, bs, head)
     ring = _ring.setdefault(name, [])
     ring.append([call, mode, n, q.shape[0], firsts])
     del ring[:-RING]
-    global _replayed_insert_lines
     if mode not in EAGER_MODES:
+        global _replayed_insert_lines
         if _replayed_insert_lines < MAX_REPLAYED_INSERT_LINES:
             _replayed_insert_lines += 1
             _emit({**head, "check": "replayed_insert", "requests": firsts})
         if bool(valid.any()):
             _replayed[name] = (call, sm[valid].clone(), pos[valid].clone())
+
+
+def _reread_replayed(name: str, cache, bs: int, head: dict) -> None:
+    """The rows the layer's last replayed step wrote must still decode finite."""
+    import torch
+
+    global _went_bad_lines
+    last = _replayed.pop(name, None)
+    if last is None or _went_bad_lines >= MAX_WENT_BAD_LINES:
+        return
+    lcall, lslots, lpos = last
+    ok = _finite_slots(cache, lslots, bs)
+    if not bool(ok.all()):
+        _went_bad_lines += 1
+        bad = torch.nonzero(~ok).flatten()[:16]
+        _emit({**head, "check": "replayed_rows_went_bad", "written_at_call": lcall,
+               "slots": lslots[bad].tolist(), "positions": lpos[bad].tolist(),
+               "n_bad": int((~ok).sum())})
+
+
+def _against_block_table(swa, sm, pos, valid, bs: int, head: dict) -> list:
+    """Reports slot-mapping entries that are not block_table[request, pos // bs] * bs + pos % bs;
+    returns [batch row, position, slot, first block] of each request's first token (16 at
+    most; empty when the metadata has no per-request layout for these tokens)."""
+    import torch
+
+    qsl = getattr(swa, "query_start_loc_cpu", None)
+    if qsl is None or not sm.shape[0] or int(qsl[-1]) != sm.shape[0]:
+        return []
+    req = torch.repeat_interleave(torch.arange(qsl.numel() - 1), qsl[1:] - qsl[:-1]).to(sm.device)
+    bt = swa.block_table
+    expect = bt[req, (pos // bs).long()].long() * bs + pos % bs
+    differ = valid & (expect != sm.long())
+    if bool(differ.any()):
+        rows = torch.nonzero(differ).flatten()[:FIRST_ROWS]
+        _emit({**head, "check": "slot_mapping_not_block_table", "n_bad": int(differ.sum()),
+               "rows": rows.tolist(), "slot_mapping": sm[rows].tolist(),
+               "block_table_slots": expect[rows].tolist(), "positions": pos[rows].tolist()})
+    starts = qsl[:-1][qsl[1:] > qsl[:-1]][:16].tolist()
+    rows_of = req[starts].tolist()
+    block0 = bt[rows_of, 0].tolist() if rows_of else []
+    return [[r, int(pos[t]), int(sm[t]), b] for r, t, b in zip(rows_of, starts, block0)]
 
 
 def _wrap_insert(fn):

@@ -10,10 +10,11 @@
 #            it, install the wheels, run tests/gpu/test_backend_gpu.py with vLLM imported natively
 #            (stand-in import if phase 1's ops are missing: the real-op test then skips)
 #   bench    carry .gpu-port/kern : the benchmark alone
-#   installed  carry nothing: right after `tests/e2e/device-run.sh run` on the same warm machine, the
-#            series' wheel (make build-wheel) is installed in /tmp/smla-e2e/site with vLLM's own
-#            compiled ops; kernel, fp8 KV and backend tests against that installed vllm, then the
-#            fp8 benchmark (bench/bench_fp8_kv.py --sweep)
+#   installed  carry nothing [or .gpu-port/v4series]: right after `tests/e2e/device-run.sh run` on the
+#            same warm machine, the series' wheel (make build-wheel) is installed in
+#            /tmp/smla-e2e/site with vLLM's own compiled ops; kernel, fp8 KV and backend tests
+#            against that installed vllm, [the series' DeepSeek-V4 and breakable-CUDA-graph tests,]
+#            then the fp8 benchmark (bench/bench_fp8_kv.py --sweep)
 #   fp8      carry .gpu-port/so .gpu-port/kern : kernel and fp8 KV tests and the fp8 benchmark on
 #            the work tree's kernels, before they are built into a wheel
 #   speed    carry .gpu-port/so .gpu-port/fm .gpu-port/dg.tar.xz .gpu-port/kern [.gpu-port/before]
@@ -127,6 +128,13 @@ case "$phase" in
       timeout 120 python3 -m pytest tests/gpu/test_backend_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
       > "$out/gpu-tests-backend.log" 2>&1 || rc=$?
     tail -2 "$out/gpu-tests-backend.log"
+    if [ -d "$b/v4series" ]; then  # carry .gpu-port/v4series: the series' V4 tests on this wheel
+      (cd "$b/v4series" && PYTHONPATH=$site:$PWD VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING} \
+        timeout 300 python3 -m pytest --noconftest -p no:cacheprovider -q -rA "$@" \
+        tests/kernels/test_deepseek_v4_*.py tests/kernels/attention/test_deepseek_v4_triton_attention.py \
+        tests/v1/cudagraph/test_breakable_cudagraph.py) > "$out/gpu-tests-v4-series.log" 2>&1 || rc=$?
+      tail -2 "$out/gpu-tests-v4-series.log"
+    fi
     fp8_bench
     exit $rc
     ;;

@@ -5,6 +5,8 @@
 #                 (all of vLLM's CUDA ops, torch.ops._C*), xz-compressed (~55 MB), + its sha256
 #   OUTDIR/kern/  the kernel files the kernel tests and the benchmarks load by path (+ vllm/__init__.py)
 #                 and the series' own kernel tests (tests/kernels/attention/test_triton_*.py)
+#   OUTDIR/v4series/  the series' DeepSeek-V4 and breakable-CUDA-graph tests, with their package
+#                 files (device-run.sh installed runs them against the installed wheel)
 #   OUTDIR/fm/, OUTDIR/dg.tar.xz  FlashMLA's and DeepGEMM's compiled code from the same wheel
 #                 (the benchmarks' upstream sides); OUTDIR/before/ (optional, by hand): an earlier
 #                 series' kernel files, for the benchmarks' "before" column
@@ -64,6 +66,18 @@ mkdir -p "$out/kern/vllm/models/deepseek_v4/nvidia"
 cp "$tree"/vllm/models/deepseek_v4/nvidia/{triton_sparse,flashmla}.py "$out/kern/vllm/models/deepseek_v4/nvidia/"
 cp "$tree"/tests/kernels/attention/test_triton_{sparse_mla,sparse_mla_dsv4,dsa_indexer,fp8_e4m3}.py \
   "$out/kern/tests/kernels/attention/"
+
+# the series' DeepSeek-V4 tests (patches 0014-0021: e4m3 ops with the software conversion forced,
+# mHC, o_proj, CuTe DSL gates, the attention class, breakable CUDA graphs), run by
+# device-run.sh installed against the wheel the e2e run installed; kept apart from kern/, whose
+# tests run without an installed vLLM
+v4=$out/v4series
+mkdir -p "$v4/tests/kernels/attention" "$v4/tests/v1/cudagraph"
+for d in tests tests/kernels tests/v1 tests/v1/cudagraph; do cp "$tree/$d/__init__.py" "$v4/$d/"; done
+cp "$tree"/tests/kernels/test_deepseek_v4_*.py "$v4/tests/kernels/"
+cp "$tree"/tests/kernels/attention/test_{deepseek_v4_triton_attention,triton_sparse_mla_dsv4}.py \
+  "$v4/tests/kernels/attention/"
+cp "$tree"/tests/v1/cudagraph/test_breakable_cudagraph.py "$v4/tests/v1/cudagraph/"
 
 git -C "$tree" ls-files vllm | grep -v '\.\(md\|png\|jpg\)$' | "$py" -c '
 import sys
