@@ -57,6 +57,8 @@ from pathlib import Path
 
 import numpy as np
 
+import nan_probe  # the probe's records in the engine logs (same folder)
+
 INDEX_TOPK = 2048
 # DeepSeek-V4: its C4 layer's indexer keeps index_topk 512 of the compressed entries (one per 4
 # tokens), so it selects once a query sees more than 4 x 512 = 2048 tokens: the same split.
@@ -396,6 +398,9 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
         e.update(side=job["side"], backend_forced=job["backend"], env=job["env"],
                  kv_cache_dtype=job.get("kv_cache_dtype", "auto"), kv_cache=meta.get("kv_cache"),
                  force_mqa=bool(job.get("force_mqa")), sparse_mla_force_mqa=meta.get("sparse_mla_force_mqa"))
+        probe = nan_probe.count_checks(nan_probe.read_records(res / job["name"] / "engine.log"))
+        if probe:
+            e["nan_probe"] = probe
         engines[job["name"]] = e
         if not meta.get("ok"):
             failures.append(f"{job['name']}: engine failed: {meta.get('error')}")
@@ -532,6 +537,10 @@ def write_report(s: dict) -> str:
                        f"{'-' if kc.get('tokens') is None else format(kc['tokens'], ',')} | "
                        f"{'-' if kc.get('max_concurrency') is None else format(kc['max_concurrency'], '.2f')} | "
                        f"{'-' if not vs else format(vs['ratio'], '.3f')} | {'-' if not vs else vs['engine']} |")
+    probed = [(n, e["nan_probe"]) for n, e in s["engines"].items() if e.get("nan_probe")]
+    if probed:  # SMLA_E2E_NAN_CHECK=1: what the probe reported (lines in the engine logs)
+        out += ["", "NaN probe (SMLA_E2E_NAN_CHECK=1): records per check, lines `SMLA_NANCHECK` of the engine logs:"]
+        out += [f"- {n}: " + ", ".join(f"{k} {v}" for k, v in counts.items()) for n, counts in probed]
     if s["failures"]:
         out += ["", "failures:"] + [f"- {f}" for f in s["failures"]]
     out += ["", f"exit code {s['exit_code']}", ""]

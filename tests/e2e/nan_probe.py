@@ -25,8 +25,10 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from pathlib import Path
 
 NAN_CHECK_ENV = "SMLA_E2E_NAN_CHECK"
+PREFIX = "SMLA_NANCHECK"  # each record: one stderr line, PREFIX and its JSON
 MODULES = ("vllm.models.deepseek_v4.attention", "vllm.models.deepseek_v4.nvidia.flashmla",
            "vllm.models.deepseek_v4.nvidia.triton_sparse")
 CLASSES = ("DeepseekV4FlashMLAAttention", "DeepseekV4TritonAttention")
@@ -49,12 +51,29 @@ _writes: dict = {}     # layer -> {slot: (call, position, cudagraph mode, padded
 _replayed: dict = {}   # layer -> (call, slots, positions) of the last insert of a replayed step
 
 
+def read_records(log: Path) -> list[dict]:
+    """The probe's records in an engine log (none when the probe was off or the log is missing)."""
+    if not log.is_file():
+        return []
+    tag = PREFIX + " "
+    return [json.loads(line.split(tag, 1)[1]) for line in log.read_text(errors="replace").splitlines()
+            if tag in line]
+
+
+def count_checks(records: list[dict]) -> dict:
+    """{check: number of records}, sorted by check."""
+    counts: dict = {}
+    for r in records:
+        counts[r.get("check", "?")] = counts.get(r.get("check", "?"), 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def _emit(record: dict) -> None:
     global _lines
     if _lines >= MAX_LINES:
         return
     _lines += 1
-    print("SMLA_NANCHECK " + json.dumps(record, default=str), file=sys.stderr, flush=True)
+    print(f"{PREFIX} " + json.dumps(record, default=str), file=sys.stderr, flush=True)
 
 
 def _bad_rows(t, n: int):

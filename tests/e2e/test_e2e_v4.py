@@ -303,9 +303,10 @@ def _probe(side: str, rec: dict, drafter: dict | None = None) -> dict:
     return {"model_probe": [one(rec)], "drafter_probe": [one(d)]}
 
 
-def _run(tmp_path, shifts=None, records=None, extra=(), sides=SIDES, top1_flips=None):
+def _run(tmp_path, shifts=None, records=None, extra=(), sides=SIDES, top1_flips=None, logs=None):
     """Engines of the V4 command on synthetic arrays: shifts[side] moves every prompt logprob;
-    top1_flips[side] changes the teacher-forced top-1 token at that fraction of positions."""
+    top1_flips[side] changes the teacher-forced top-1 token at that fraction of positions;
+    logs[side] is that engine's engine.log."""
     args = run_e2e.parse_args(["--models", V4, "--sides", *sides, *extra])
     jobs = run_e2e.select_jobs(args)
     base = _arrays()
@@ -323,6 +324,8 @@ def _run(tmp_path, shifts=None, records=None, extra=(), sides=SIDES, top1_flips=
         (tmp_path / job["name"]).mkdir(parents=True)
         (tmp_path / job["name"] / "meta.json").write_text(json.dumps(meta))
         np.savez_compressed(tmp_path / job["name"] / "arrays.npz", **arrays)
+        if job["side"] in (logs or {}):
+            (tmp_path / job["name"] / "engine.log").write_text(logs[job["side"]])
     bounds = json.loads((HERE / "bounds.json").read_text())
     return compare.compare_all(jobs, tmp_path, bounds), bounds
 
@@ -376,6 +379,17 @@ def test_v4_o_proj_sanity_top1_bound_is_at_least_the_calibrated_one(tmp_path, o1
     assert cost["bounds_from"].endswith("tf_top1_disagree: at least the calibrated bound")
     assert bool(cost["broken"]) is broken
     assert bounds["fixed"]["bfloat16"]["tf_top1_disagree"] < o16_flips  # the fixed bound alone fails
+
+
+def test_v4_report_counts_the_nan_probe_records_of_each_engine(tmp_path):
+    line = "(EngineCore pid=1) SMLA_NANCHECK " + json.dumps({"layer": "model.layers.0.attn", "check": "attn_out"})
+    log = "\n".join(["INFO start", line, line.replace("attn_out", "o_proj"), line, "INFO done"])
+    s, _ = _run(tmp_path, logs={"ours": log, "ref": "INFO no probe here\n"})
+    assert s["engines"][name("ours")]["nan_probe"] == {"attn_out": 2, "o_proj": 1}
+    assert "nan_probe" not in s["engines"][name("ref")] and "nan_probe" not in s["engines"][name("ref2")]
+    report = compare.write_report(s)
+    assert f"- {name('ours')}: attn_out 2, o_proj 1" in report
+    assert "NaN probe" not in compare.write_report(_run(tmp_path / "b")[0])
 
 
 def test_v4_without_calibration_or_o_proj_engine_falls_back_to_fixed_bounds(tmp_path):
