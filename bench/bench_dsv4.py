@@ -35,9 +35,12 @@ decode step (one query token per request), timed as CUDA-graph replays
 the run.  Numerics: ours vs FlashMLA (relative norm error, all tokens) and both vs
 float64 on the first 2 tokens.  Output: OUT_DIR/dsv4.json {"copy_tbps", "rows"}.
 
-  python bench/bench_dsv4.py OUT_DIR [--quick]
-  python bench/bench_dsv4.py OUT_DIR --cpu-smoke   (TRITON_INTERPRET=1, tiny shapes,
-        fp16 (the interpreter has no bf16 arithmetic), ours only, vs float64)
+  python bench/bench_dsv4.py OUT_DIR [--quick] [--sweep]
+  python bench/bench_dsv4.py OUT_DIR --cpu-smoke [--sweep]   (TRITON_INTERPRET=1, tiny
+        shapes, fp16 (the interpreter has no bf16 arithmetic), ours only, vs float64)
+--sweep: per cell also the same call with each launch config of SWEEP (BLOCK_H:BLOCK_N:
+warps:stages, passed as the kernel's `config`), timed and checked against float64 the same
+way: row["sweep"]. Only the plan the engine uses is "ours_us"; the sweep finds candidates.
 env: SMLA_TREE (the patched tree or the bundle's kern/), SMLA_TREE_BEFORE (optional),
      SMLA_FLASHMLA_SO, SMLA_FLASHMLA_INTERFACE
 """
@@ -79,6 +82,17 @@ BATCHES, CONTEXTS, LAYERS = [1, 16, 64], [8192, 65536], ["swa", "c4", "c128"]
 # CPU smoke: tiny shapes under the interpreter
 SMOKE = dict(batch=2, heads=16, context=1024, window=32, topk=64, pool=1024)
 SMOKE_BOUND = 2e-3  # fp16, the series' test bound
+# --sweep: the same call with its launch config overridden (sparse_mla_dsv4_decode's `config`;
+# splits follow from BLOCK_H as in the plan): candidates for the register-bound 64-head decode
+# (bench/README.md, "DeepSeek-V4"), as BLOCK_H:BLOCK_N:num_warps:num_stages
+SWEEP = ("16:32:8:1", "32:16:8:1", "32:16:4:1", "32:32:8:2", "32:16:8:2", "64:16:8:1")
+SMOKE_SWEEP = ("16:32:8:1", "32:16:4:1")  # the interpreter ignores warps and stages
+
+
+def sweep_config(spec: str) -> dict:
+    """'BLOCK_H:BLOCK_N:num_warps:num_stages' -> sparse_mla_dsv4_decode's config."""
+    bh, bn, warps, stages = (int(v) for v in spec.split(":"))
+    return dict(BLOCK_H=bh, BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
 
 def tree() -> Path:
@@ -199,14 +213,17 @@ def ns_for(x, scratch=None, tile_metadata=None, flashmla=False) -> dict:
 class Ours:
     """sparse_mla_dsv4_decode as DeepseekV4TritonAttention._forward_decode calls it."""
 
-    def __init__(self, mod, form, x, workspace):
+    def __init__(self, mod, form, x, workspace, config=None):
         self.mod = mod
         q, topk = x["q"], x["topk_idx"]
         numel = mod.sparse_mla_dsv4_scratch_numel(q.shape[0], q.shape[1], x["swa_idx"].shape[-1],
-                                                  q.device, 0 if topk is None else topk.shape[-1])
+                                                  q.device, 0 if topk is None else topk.shape[-1],
+                                                  config=config)
         scratch = workspace[:numel] if numel else None
         assert numel <= workspace.numel(), (numel, workspace.numel())
         self.args, self.kw = evaluate(form, ns_for(x, scratch))
+        if config:  # --sweep: the engine's call with another launch config
+            self.kw["config"] = config
         self.numel = numel
 
     def __call__(self):
@@ -265,7 +282,7 @@ def f64_err(tm, caches, x, out, n=2) -> float:
     return rel_err(out[:n].cpu().reshape(ref.shape), ref)
 
 
-def cpu_smoke(out_dir: Path) -> int:
+def cpu_smoke(out_dir: Path, sweep: bool = False) -> int:
     mod = load_tree_module(tree(), KERNEL, "smla_dsv4", interpret=True)
     form, _ = engine_forms()
     tm = series_test_module("cpu")
@@ -285,6 +302,14 @@ def cpu_smoke(out_dir: Path) -> int:
                  context=s["context"], bytes=gathered_rows(x) * ROW_BYTES,
                  rows_gathered=gathered_rows(x), rel_err_vs_f64=err)
         bad += not (err < SMOKE_BOUND and torch.isfinite(ret).all())
+        if sweep:
+            r["sweep"] = []
+            for spec in SMOKE_SWEEP:
+                got = Ours(mod, form, x, torch.empty(1 << 16, dtype=torch.float32),
+                           sweep_config(spec))().clone()
+                e = f64_err(tm, caches, x, got, n=s["batch"])
+                r["sweep"].append(dict(config=spec, rel_err_vs_f64=e))
+                bad += not (e < SMOKE_BOUND and torch.isfinite(got).all())
         rows.append(r)
         print(json.dumps(r), flush=True)
     (out_dir / "dsv4-cpu-smoke.json").write_text(
@@ -296,7 +321,7 @@ def main() -> None:
     args = parse_args(__doc__, lambda ap: ap.add_argument(
         "--cpu-smoke", action="store_true", help="TRITON_INTERPRET=1, tiny shapes, ours only"))
     if args.cpu_smoke:
-        sys.exit(cpu_smoke(args.out_dir))
+        sys.exit(cpu_smoke(args.out_dir, args.sweep))
     before_tree = os.environ.get("SMLA_TREE_BEFORE")
     if before_tree and not (Path(before_tree) / KERNEL).is_file():
         os.environ.pop("SMLA_TREE_BEFORE")  # an earlier series without the V4 kernel
@@ -335,6 +360,16 @@ def main() -> None:
                 r["pct_copy_bw"] = 100 * nbytes / (r["ours_us"] * 1e-6) / (bw * 1e12)
                 if before is not None:
                     r["before_us"] = median_us(Ours(before, ours_form, x, workspace), graph=True)
+                if args.sweep:
+                    r["sweep"] = []
+                    for spec in SWEEP:
+                        try:
+                            cand = Ours(mod, ours_form, x, workspace, sweep_config(spec))
+                            t = median_us(cand, graph=True)
+                            e = f64_err(tm, caches, x, cand().clone())
+                            r["sweep"].append(dict(config=spec, us=t, rel_err_vs_f64=e))
+                        except Exception as e:  # e.g. out of shared memory: recorded
+                            r["sweep"].append(dict(config=spec, error=repr(e)[:200]))
                 if os.environ.get("SMLA_FLASHMLA_SO"):
                     try:
                         fm = FlashMLA(fm_fn, fm_meta, fm_form, x)
@@ -345,6 +380,9 @@ def main() -> None:
                         r["flashmla_rel_err_vs_f64"] = f64_err(tm, caches, x, fo)
                         r["flashmla_pct_copy_bw"] = (100 * nbytes / (r["flashmla_us"] * 1e-6)
                                                      / (bw * 1e12))
+                        for c in r.get("sweep", []):
+                            if "us" in c:
+                                c["vs_flashmla"] = c["us"] / r["flashmla_us"]
                     except Exception as e:  # recorded, the other cells still run
                         r["flashmla_error"] = repr(e)[:300]
                 rows.append(r)

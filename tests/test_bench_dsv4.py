@@ -17,10 +17,13 @@ REPO = Path(__file__).resolve().parents[1]
 def test_bench_dsv4_cpu_smoke(vllm_tree, tmp_path):
     env = dict(os.environ, SMLA_TREE=str(vllm_tree), TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_dsv4.py"), str(tmp_path),
-                           "--cpu-smoke"], env=env, capture_output=True, text=True, timeout=600)
+                           "--cpu-smoke", "--sweep"], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     res = json.loads((tmp_path / "dsv4-cpu-smoke.json").read_text())
     assert [r["layer"] for r in res["rows"]] == ["swa", "c4", "c128"]
     for r in res["rows"]:
         assert r["rel_err_vs_f64"] < 2e-3, r
         assert r["bytes"] == 584 * r["rows_gathered"] > 0, r
+        # --sweep: the same call under other launch configs (head/row tiles), same answer
+        assert [c["config"] for c in r["sweep"]] == ["16:32:8:1", "32:16:4:1"], r
+        assert all(c["rel_err_vs_f64"] < 2e-3 for c in r["sweep"]), r
