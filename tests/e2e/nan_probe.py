@@ -392,13 +392,16 @@ WRAPPERS = {"forward_mqa": _wrap_forward_mqa, "_sparse_prefill": _wrap_sparse_pr
 
 def patch_module(module) -> None:
     """Wrap the methods each V4 attention class of `module` defines itself (an inherited one
-    is wrapped where it is defined, once)."""
+    is wrapped where it is defined, once), and record what was wrapped (check "installed":
+    a silent probe then still shows it ran)."""
+    wrapped_now = []
     base = getattr(module, INSERT_CLASS, None)
     fn = getattr(base, "__dict__", {}).get("_fused_qnorm_rope_kv_insert")
     if fn is not None and not getattr(fn, "_smla_nan_probe", False):
         wrapped = _wrap_insert(fn)
         wrapped._smla_nan_probe = True
         base._fused_qnorm_rope_kv_insert = wrapped
+        wrapped_now.append(f"{INSERT_CLASS}._fused_qnorm_rope_kv_insert")
     for cls_name in CLASSES:
         cls = getattr(module, cls_name, None)
         if cls is None:
@@ -411,3 +414,6 @@ def patch_module(module) -> None:
                 wrapped = wrap(fn)
                 wrapped._smla_nan_probe = True
                 setattr(cls, name, wrapped)
+                wrapped_now.append(f"{cls_name}.{name}")
+    if wrapped_now:
+        _emit({"check": "installed", "module": getattr(module, "__name__", "?"), "wrapped": wrapped_now})

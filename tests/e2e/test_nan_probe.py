@@ -61,17 +61,23 @@ def probe(monkeypatch, capsys):
     monkeypatch.setattr(nan_probe, "_lines", 0)
     monkeypatch.setattr(nan_probe, "_layout", lambda layer: {"query_start_loc": [0, 3]})
 
-    def records():
+    def records(installed=False):
+        """The findings since the last call (with installed=True: the "installed" records too)."""
         err = capsys.readouterr().err
-        return [json.loads(line.split("SMLA_NANCHECK ", 1)[1])
+        recs = [json.loads(line.split("SMLA_NANCHECK ", 1)[1])
                 for line in err.splitlines() if line.startswith("SMLA_NANCHECK ")]
+        return [r for r in recs if installed or r["check"] != "installed"]
     return records
 
 
-def test_patch_wraps_each_method_once_and_not_the_subclass_forward_mqa():
+def test_patch_wraps_each_method_once_and_not_the_subclass_forward_mqa(probe):
     mod = _classes()
     nan_probe.patch_module(mod)
     nan_probe.patch_module(mod)  # idempotent
+    (rec,) = probe(installed=True)  # one record of what was wrapped, not one per call
+    assert rec["check"] == "installed" and rec["wrapped"] == [
+        "DeepseekV4FlashMLAAttention.forward_mqa", "DeepseekV4FlashMLAAttention._sparse_prefill",
+        "DeepseekV4FlashMLAAttention._o_proj", "DeepseekV4TritonAttention._sparse_prefill"]
     base, sub = mod.DeepseekV4FlashMLAAttention, mod.DeepseekV4TritonAttention
     for name in ("forward_mqa", "_sparse_prefill", "_o_proj"):
         assert getattr(base.__dict__[name], "_smla_nan_probe", False), name
