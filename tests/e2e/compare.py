@@ -101,22 +101,45 @@ def _stats(x: np.ndarray) -> dict:
             "max": float(x.max())}
 
 
+WORST = 8  # teacher-forced positions listed per comparison, largest difference first
+
+
+def _where(lens: np.ndarray, flat: np.ndarray) -> list:
+    """[prompt, token index] of flat prompt-logprob indices (token i of a prompt, i >= 1, is
+    scored by the query at position i - 1)."""
+    starts = np.concatenate([[0], np.cumsum(lens - 1)])
+    prompt = np.searchsorted(starts, flat, side="right") - 1
+    return [[int(p), int(f - starts[p] + 1)] for p, f in zip(prompt, flat)]
+
+
 def compare_pair(ref: dict, oth: dict) -> dict:
+    """Teacher-forced and greedy statistics of `oth` against `ref`. Non-finite prompt
+    logprobs are counted and located, on either side (`nan`/`nan_at` for `oth`, which
+    breaks it; `ref_nan`/`ref_nan_at` for `ref`), and left out of the statistics, so one
+    side's NaN does not turn every statistic (and every bound derived from it) into NaN."""
     lens = ref["prompt_lens"]
     assert np.array_equal(lens, oth["prompt_lens"]), "different workloads"
-    # token i of a prompt (i >= 1) is scored by the query at position i-1, which sees i tokens
     seen = np.concatenate([np.arange(1, n) for n in lens])
-    diff = np.abs(oth["prompt_lp"].astype(np.float64) - ref["prompt_lp"])
+    a, b = oth["prompt_lp"].astype(np.float64), ref["prompt_lp"].astype(np.float64)
+    finite = np.isfinite(a) & np.isfinite(b)
+    diff = np.abs(a - b)
     agree = oth["prompt_top1"] == ref["prompt_top1"]
     sparse = seen > INDEX_TOPK
-    tf = {"all": _stats(diff), "dense": _stats(diff[~sparse]), "sparse": _stats(diff[sparse]),
-          "top1_agree": float(agree.mean()), "top1_agree_sparse": float(agree[sparse].mean()),
-          "nan": int(np.isnan(oth["prompt_lp"]).sum())}
-    if tf["nan"]:  # where: [prompt, token index] (the query at index - 1 scored it), first 64
-        starts = np.concatenate([[0], np.cumsum(lens - 1)])
-        flat = np.nonzero(np.isnan(oth["prompt_lp"]))[0]
-        prompt = np.searchsorted(starts, flat, side="right") - 1
-        tf["nan_at"] = [[int(p), int(f - starts[p] + 1)] for p, f in zip(prompt[:64], flat[:64])]
+    tf = {"all": _stats(diff[finite]), "dense": _stats(diff[finite & ~sparse]),
+          "sparse": _stats(diff[finite & sparse]),
+          "top1_agree": float(agree[finite].mean()),
+          "top1_agree_sparse": float(agree[finite & sparse].mean()),
+          "nan": int((~np.isfinite(a)).sum())}
+    if tf["nan"]:  # first 64
+        tf["nan_at"] = _where(lens, np.nonzero(~np.isfinite(a))[0][:64])
+    ref_bad = ~np.isfinite(b)
+    if ref_bad.any():
+        tf["ref_nan"] = int(ref_bad.sum())
+        tf["ref_nan_at"] = _where(lens, np.nonzero(ref_bad)[0][:64])
+    if finite.any():
+        order = np.argsort(np.where(finite, diff, -1.0), kind="stable")[::-1][:WORST]
+        order = order[finite[order]]
+        tf["worst"] = [[*w, float(diff[f])] for w, f in zip(_where(lens, order), order)]
 
     g_ref, g_oth = ref["gen_ids"], oth["gen_ids"]
     rows = []
@@ -525,6 +548,19 @@ def write_report(s: dict) -> str:
         if c.get("bounds_from"):
             out.append(f"- bounds of {c['name']}: {c['bounds_from']}: "
                        + ", ".join(f"{k} {v:.3g}" for k, v in c["bounds"].items()))
+    located = [c for c in s["comparisons"] if c["teacher_forced"].get("worst")]
+    if located:  # where each comparison differs most, and any non-finite logprob on either side
+        out += ["", "Teacher-forced positions, [prompt, token]: largest differences first; non-finite "
+                "logprobs (left out of the statistics above)"]
+        for c in located:
+            tf = c["teacher_forced"]
+            line = f"- {c['name']} vs {c['ref']}: " + ", ".join(
+                f"[{p}, {t}] {d:.3g}" for p, t, d in tf["worst"])
+            if tf.get("nan_at"):
+                line += f"; non-finite here: {tf['nan']} at {tf['nan_at'][:16]}"
+            if tf.get("ref_nan_at"):
+                line += f"; non-finite in the reference: {tf['ref_nan']} at {tf['ref_nan_at'][:16]}"
+            out.append(line)
     kv_rows = [(n, e) for n, e in s["engines"].items() if e.get("kv_cache")]
     if kv_rows:
         out += ["", "| KV cache | dtype requested | dtype used (config / layers) | GPU KV cache tokens | "

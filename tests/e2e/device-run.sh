@@ -36,4 +36,9 @@ set -e
 cat "$out/run.log"
 # Engine logs, one archive (what comes back from $OUT is limited to 8 files).
 tar -C "$store/results" -cJf "$out/engine-logs.tar.xz" --exclude=arrays.npz . || true
+# SMLA_E2E_KEEP_ARRAYS=1: the engines' logprob arrays too (about 0.7 MB per engine), for
+# looking at single positions here (compare.compare_pair on the arrays.npz of two engines).
+if [ "${SMLA_E2E_KEEP_ARRAYS:-0}" = 1 ]; then
+  (cd "$store/results" && find . -name arrays.npz | sort | tar -cJf "$out/arrays.tar.xz" -T -) || true
+fi
 exit "$rc"

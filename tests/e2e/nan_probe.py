@@ -8,7 +8,10 @@ captured; replays do not run Python), checks the real token rows for NaN/inf:
   _sparse_prefill  every gathered workspace row a query reads (indices below topk_length),
                    and the prefill output
   _o_proj          its input o and its result
-and DeepseekV4Attention._fused_qnorm_rope_kv_insert (the sliding-window cache write): the rows
+DeepseekV4ForCausalLM.compute_logits (run eagerly after the step's graphs, for sampling and
+for prompt logprobs) reports rows of non-finite hidden states or logits, with the largest
+finite |hidden| and |logit|: a NaN that no attention check saw entered after the last layer's
+attention (or in the LM head). And DeepseekV4Attention._fused_qnorm_rope_kv_insert (the sliding-window cache write): the rows
 it just wrote must decode finite, its slot mapping must agree with the SWA block table, and
 each written slot is logged (call, position, CUDA-graph mode); an insert of a replayed step
 (mode not NONE) is reported with each request's first position, slot and block, and the rows
@@ -30,7 +33,8 @@ from pathlib import Path
 NAN_CHECK_ENV = "SMLA_E2E_NAN_CHECK"
 PREFIX = "SMLA_NANCHECK"  # each record: one stderr line, PREFIX and its JSON
 MODULES = ("vllm.models.deepseek_v4.attention", "vllm.models.deepseek_v4.nvidia.flashmla",
-           "vllm.models.deepseek_v4.nvidia.triton_sparse")
+           "vllm.models.deepseek_v4.nvidia.triton_sparse", "vllm.models.deepseek_v4.nvidia.model")
+MODEL_CLASS = "DeepseekV4ForCausalLM"  # compute_logits: always eager, after the model's graphs
 CLASSES = ("DeepseekV4FlashMLAAttention", "DeepseekV4TritonAttention")
 INSERT_CLASS = "DeepseekV4Attention"
 MAX_LINES = 300
@@ -386,6 +390,29 @@ def _wrap_o_proj(fn):
     return _o_proj
 
 
+def _wrap_compute_logits(fn):
+    @functools.wraps(fn)
+    def compute_logits(self, hidden_states):
+        logits = fn(self, hidden_states)
+        if _skip() or logits is None:
+            return logits
+        h_rows = _bad_rows(hidden_states, hidden_states.shape[0])
+        l_rows = _bad_rows(logits, logits.shape[0])
+        if h_rows or l_rows:
+            import torch
+
+            def absmax(t):
+                t = t.float()
+                return float(torch.where(torch.isfinite(t), t.abs(), 0).max()) if t.numel() else 0.0
+
+            _emit({"check": "logits", "rows": int(hidden_states.shape[0]),
+                   "hidden_bad_rows": h_rows[:FIRST_ROWS], "n_hidden_bad": len(h_rows),
+                   "logits_bad_rows": l_rows[:FIRST_ROWS], "n_logits_bad": len(l_rows),
+                   "hidden_absmax": absmax(hidden_states), "logits_absmax": absmax(logits)})
+        return logits
+    return compute_logits
+
+
 WRAPPERS = {"forward_mqa": _wrap_forward_mqa, "_sparse_prefill": _wrap_sparse_prefill,
             "_o_proj": _wrap_o_proj}
 
@@ -415,5 +442,12 @@ def patch_module(module) -> None:
                 wrapped._smla_nan_probe = True
                 setattr(cls, name, wrapped)
                 wrapped_now.append(f"{cls_name}.{name}")
+    model_cls = getattr(module, MODEL_CLASS, None)
+    fn = getattr(model_cls, "__dict__", {}).get("compute_logits")
+    if fn is not None and not getattr(fn, "_smla_nan_probe", False):
+        wrapped = _wrap_compute_logits(fn)
+        wrapped._smla_nan_probe = True
+        model_cls.compute_logits = wrapped
+        wrapped_now.append(f"{MODEL_CLASS}.compute_logits")
     if wrapped_now:
         _emit({"check": "installed", "module": getattr(module, "__name__", "?"), "wrapped": wrapped_now})

@@ -286,3 +286,59 @@ def test_compare_says_where_the_nan_prompt_logprobs_are():
     assert tf["nan"] == 3
     assert tf["nan_at"] == [[0, 2], [1, 1], [2, 1]]
     assert "nan_at" not in compare.compare_pair(ref, ref)["teacher_forced"]
+
+
+def test_compare_leaves_non_finite_out_of_the_statistics_on_either_side():
+    lens = np.array([3, 4, 2])
+    n = int((lens - 1).sum())
+    ref = {"prompt_lens": lens, "prompt_lp": np.zeros(n, np.float32),
+           "prompt_top1": np.zeros(n, np.int32), "gen_ids": np.zeros((3, 2), np.int32),
+           "gen_lp": np.zeros((3, 2, 2), np.float32), "gen_top": np.zeros((3, 2, 2), np.int32)}
+    oth = dict(ref, prompt_lp=np.full(n, -0.5, np.float32))
+    oth["prompt_lp"][4] = -2.0  # prompt 1 token 3: the largest difference
+    bad_ref = dict(ref, prompt_lp=ref["prompt_lp"].copy())
+    bad_ref["prompt_lp"][[0, 5]] = np.nan  # prompt 0 token 1, prompt 2 token 1
+    tf = compare.compare_pair(bad_ref, oth)["teacher_forced"]
+    assert tf["nan"] == 0 and "nan_at" not in tf  # the compared side is not blamed
+    assert tf["ref_nan"] == 2 and tf["ref_nan_at"] == [[0, 1], [2, 1]]
+    assert tf["all"]["n"] == n - 2 and np.isfinite(tf["all"]["mean"])
+    assert tf["all"]["max"] == 2.0
+    assert tf["worst"][0] == [1, 3, 2.0] and len(tf["worst"]) == n - 2
+    assert compare.check_bounds({"teacher_forced": tf, "greedy": compare.compare_pair(ref, oth)["greedy"]},
+                                {k: 10.0 for k in compare.STATS}) == []
+    # the side with the NaN is still broken by it, and its statistics stay finite too
+    back = compare.compare_pair(oth, bad_ref)["teacher_forced"]
+    assert back["nan"] == 2 and np.isfinite(back["all"]["mean"])
+    assert "ref_nan" not in back
+
+
+def test_report_lists_worst_positions_and_non_finite_sides():
+    tf = {"all": {"mean": 0.1, "p99": 0.2, "max": 2.0}, "sparse": {}, "top1_agree": 1.0, "nan": 1,
+          "nan_at": [[0, 5]], "ref_nan": 2, "ref_nan_at": [[1, 1], [1, 2]], "worst": [[1, 3, 2.0]]}
+    g = {"decode_top1_lp_diff": {"mean": 0.0, "p99": 0.0}, "identical_rows": 1, "rows": 1,
+         "matched_total": 2, "tokens_total": 2, "divergence_margin_max": 0.0}
+    s = {"command": "c", "engines": {}, "failures": [], "exit_code": 1,
+         "comparisons": [{"name": "a", "ref": "r", "teacher_forced": tf, "greedy": g, "broken": ["x"]}]}
+    text = compare.write_report(s)
+    assert "- a vs r: [1, 3] 2; non-finite here: 1 at [[0, 5]]; non-finite in the reference: 2 at [[1, 1], [1, 2]]" in text
+
+
+def test_compute_logits_reports_where_non_finite_hidden_or_logits_first_appear(probe):
+    class DeepseekV4ForCausalLM:
+        def compute_logits(self, hidden_states):
+            return hidden_states * 2.0
+
+    mod = types.SimpleNamespace(DeepseekV4ForCausalLM=DeepseekV4ForCausalLM)
+    nan_probe.patch_module(mod)
+    (rec,) = probe(installed=True)
+    assert rec["wrapped"] == ["DeepseekV4ForCausalLM.compute_logits"]
+    model = DeepseekV4ForCausalLM()
+    h = torch.ones(5, 4)
+    h[0, 0] = -3.0
+    assert torch.equal(model.compute_logits(h), h * 2.0)
+    assert probe() == []  # all finite: silent
+    h[2, 1] = NAN
+    model.compute_logits(h)
+    (rec,) = probe()
+    assert rec["check"] == "logits" and rec["hidden_bad_rows"] == [2] and rec["logits_bad_rows"] == [2]
+    assert rec["rows"] == 5 and rec["hidden_absmax"] == 3.0 and rec["logits_absmax"] == 6.0
