@@ -122,3 +122,8 @@ def test_series_dsv4_tests_can_fail(dsv4):
             dsv4.test_decode(16, "c4", F16, num_tokens=2, window=64, topk=128)
     finally:
         dsv4.sparse_mla_dsv4_decode = real
+
+
+@pytest.mark.parametrize("sms", [16, 132])
+def test_series_dsv4_plan(dsv4, sms):
+    dsv4.test_plan_head_blocks_and_scratch_bound(sms)
