@@ -22,7 +22,8 @@
 #            before/: an earlier series' kernel files): GPU tests, the series' own tests,
 #            the engine-form attention benchmark vs FlashMLA and the indexer benchmark vs DeepGEMM;
 #            with SMLA_BENCH_DSV4=1 also the DeepSeek-V4 decode benchmark (bench/bench_dsv4.py)
-#   dsv4     carry .gpu-port/fm .gpu-port/kern : the DeepSeek-V4 decode benchmark alone, ours vs
+#   dsv4     carry .gpu-port/fm .gpu-port/kern : the series' V4 kernel test (series-dsv4-tests.log;
+#            SMLA_SKIP_TESTS=1 skips it), then the DeepSeek-V4 decode benchmark, ours vs
 #            FlashMLA (bench/bench_dsv4.py; $OUT/dsv4.json, bench-dsv4.log)
 # installed and fp8 pack their logs into $OUT/logs.tar.xz (a call returns at most 8 files).
 # usage (repo root): bash tests/gpu/device-run.sh all|kernels|backend|bench [pytest args]
@@ -190,7 +191,8 @@ case "$phase" in
       -not -name gpu-tests-speed.log -not -name 'gpu-env-*' -delete
     exit $rc
     ;;
-  dsv4)  # carry .gpu-port/fm .gpu-port/kern: DeepSeek-V4 decode, ours vs FlashMLA (issue 21)
+  dsv4)  # carry .gpu-port/fm .gpu-port/kern: the series' V4 kernel test, then V4 decode, ours vs
+        # FlashMLA (issue 21); SMLA_SKIP_TESTS=1: the benchmark alone
     xz -dc "$b/fm/_flashmla_C.abi3.so.xz" > "$work/_flashmla_C.abi3.so"
     sha256sum "$b"/kern/vllm/v1/attention/ops/triton_sparse_mla_dsv4.py \
       "$b"/kern/vllm/models/deepseek_v4/nvidia/*.py | tee -a "$out/gpu-env-$phase.txt"
@@ -198,6 +200,12 @@ case "$phase" in
     [ -f "$b/fm/flash_mla_interface.py" ] && export SMLA_FLASHMLA_INTERFACE=$PWD/$b/fm/flash_mla_interface.py
     [ -d "$b/before" ] && export SMLA_TREE_BEFORE=$PWD/$b/before
     rc=0
+    if [ "${SMLA_SKIP_TESTS:-0}" != 1 ]; then  # the series' V4 kernel test (patch 0016) first
+      PYTHONPATH=$PWD/tests:$PWD/tests/gpu timeout 200 python3 -m pytest -p series_ops_stub \
+        -p no:cacheprovider "$b"/kern/tests/kernels/attention/test_triton_sparse_mla_dsv4.py -q -rA \
+        > "$out/series-dsv4-tests.log" 2>&1 || rc=$?
+      tail -1 "$out/series-dsv4-tests.log"
+    fi
     timeout 400 python3 bench/bench_dsv4.py "$out" "$@" > "$out/bench-dsv4.log" 2>&1 || rc=$?
     tail -4 "$out/bench-dsv4.log"
     python3 bench/summarize.py "$out" | tee "$out/summary.txt" || true
