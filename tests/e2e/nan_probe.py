@@ -417,37 +417,30 @@ WRAPPERS = {"forward_mqa": _wrap_forward_mqa, "_sparse_prefill": _wrap_sparse_pr
             "_o_proj": _wrap_o_proj}
 
 
+def _wrap_once(module, cls_name: str, name: str, wrap) -> str | None:
+    """Replace `cls_name.name` of `module` by wrap(it) when the class defines it itself and it
+    is not wrapped yet; returns "cls_name.name" when it did."""
+    cls = getattr(module, cls_name, None)
+    fn = getattr(cls, "__dict__", {}).get(name)
+    if fn is None or getattr(fn, "_smla_nan_probe", False):
+        return None
+    wrapped = wrap(fn)
+    wrapped._smla_nan_probe = True
+    setattr(cls, name, wrapped)
+    return f"{cls_name}.{name}"
+
+
 def patch_module(module) -> None:
     """Wrap the methods each V4 attention class of `module` defines itself (an inherited one
-    is wrapped where it is defined, once), and record what was wrapped (check "installed":
-    a silent probe then still shows it ran)."""
-    wrapped_now = []
-    base = getattr(module, INSERT_CLASS, None)
-    fn = getattr(base, "__dict__", {}).get("_fused_qnorm_rope_kv_insert")
-    if fn is not None and not getattr(fn, "_smla_nan_probe", False):
-        wrapped = _wrap_insert(fn)
-        wrapped._smla_nan_probe = True
-        base._fused_qnorm_rope_kv_insert = wrapped
-        wrapped_now.append(f"{INSERT_CLASS}._fused_qnorm_rope_kv_insert")
+    is wrapped where it is defined, once), the model's compute_logits, and record what was
+    wrapped (check "installed": a silent probe then still shows it ran)."""
+    targets = [(INSERT_CLASS, "_fused_qnorm_rope_kv_insert", _wrap_insert)]
     for cls_name in CLASSES:
-        cls = getattr(module, cls_name, None)
-        if cls is None:
-            continue
         for name, wrap in WRAPPERS.items():
             if name == "forward_mqa" and cls_name != CLASSES[0]:
                 continue  # the Triton class's forward_mqa ends in the FlashMLA one's
-            fn = cls.__dict__.get(name)
-            if fn is not None and not getattr(fn, "_smla_nan_probe", False):
-                wrapped = wrap(fn)
-                wrapped._smla_nan_probe = True
-                setattr(cls, name, wrapped)
-                wrapped_now.append(f"{cls_name}.{name}")
-    model_cls = getattr(module, MODEL_CLASS, None)
-    fn = getattr(model_cls, "__dict__", {}).get("compute_logits")
-    if fn is not None and not getattr(fn, "_smla_nan_probe", False):
-        wrapped = _wrap_compute_logits(fn)
-        wrapped._smla_nan_probe = True
-        model_cls.compute_logits = wrapped
-        wrapped_now.append(f"{MODEL_CLASS}.compute_logits")
+            targets.append((cls_name, name, wrap))
+    targets.append((MODEL_CLASS, "compute_logits", _wrap_compute_logits))
+    wrapped_now = [w for t in targets if (w := _wrap_once(module, *t))]
     if wrapped_now:
         _emit({"check": "installed", "module": getattr(module, "__name__", "?"), "wrapped": wrapped_now})

@@ -274,12 +274,19 @@ def test_the_plugin_installs_the_probe_only_when_asked(monkeypatch):
         sys.meta_path[:] = before
 
 
-def test_compare_says_where_the_nan_prompt_logprobs_are():
+def _engine_arrays() -> dict:
+    """An engine's arrays.npz for 3 prompts (3, 4, 2 tokens: 6 scored) and 2 greedy tokens
+    each, all zero."""
     lens = np.array([3, 4, 2])
     n = int((lens - 1).sum())
-    ref = {"prompt_lens": lens, "prompt_lp": np.zeros(n, np.float32),
-           "prompt_top1": np.zeros(n, np.int32), "gen_ids": np.zeros((3, 2), np.int32),
-           "gen_lp": np.zeros((3, 2, 2), np.float32), "gen_top": np.zeros((3, 2, 2), np.int32)}
+    return {"prompt_lens": lens, "prompt_lp": np.zeros(n, np.float32),
+            "prompt_top1": np.zeros(n, np.int32), "gen_ids": np.zeros((3, 2), np.int32),
+            "gen_lp": np.zeros((3, 2, 2), np.float32), "gen_top": np.zeros((3, 2, 2), np.int32)}
+
+
+def test_compare_says_where_the_nan_prompt_logprobs_are():
+    ref = _engine_arrays()
+    n = ref["prompt_lp"].size
     oth = dict(ref, prompt_lp=ref["prompt_lp"].copy())
     oth["prompt_lp"][[1, 2, 5]] = np.nan  # prompt 0 token 2, prompt 1 token 1, prompt 2 token 1
     tf = compare.compare_pair(ref, oth)["teacher_forced"]
@@ -289,11 +296,8 @@ def test_compare_says_where_the_nan_prompt_logprobs_are():
 
 
 def test_compare_leaves_non_finite_out_of_the_statistics_on_either_side():
-    lens = np.array([3, 4, 2])
-    n = int((lens - 1).sum())
-    ref = {"prompt_lens": lens, "prompt_lp": np.zeros(n, np.float32),
-           "prompt_top1": np.zeros(n, np.int32), "gen_ids": np.zeros((3, 2), np.int32),
-           "gen_lp": np.zeros((3, 2, 2), np.float32), "gen_top": np.zeros((3, 2, 2), np.int32)}
+    ref = _engine_arrays()
+    n = ref["prompt_lp"].size
     oth = dict(ref, prompt_lp=np.full(n, -0.5, np.float32))
     oth["prompt_lp"][4] = -2.0  # prompt 1 token 3: the largest difference
     bad_ref = dict(ref, prompt_lp=ref["prompt_lp"].copy())
