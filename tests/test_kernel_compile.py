@@ -184,6 +184,18 @@ def arch_children(script: str, env: dict | None = None, timeout: int = 3600) -> 
         return dict(zip(arches, pool.map(run, arches)))
 
 
+def arch_children_fixture(script: str):
+    """A module-scoped fixture for a compile module: `children = arch_children_fixture(__file__)`
+    gives its tests {arch: CompletedProcess} of `arch_children(script)` (skips without Triton)."""
+
+    @pytest.fixture(scope="module")
+    def children():
+        """One child per arch ptxas knows, run concurrently: {arch: CompletedProcess}."""
+        pytest.importorskip("triton")
+        return arch_children(script)
+    return children
+
+
 def arch_records(children: dict, arch: int) -> list[dict]:
     """The compile records one child of `arch_children` printed (skips an arch ptxas lacks)."""
     if arch not in children:

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from test_kernel_compile import (  # noqa: E402
-    ARCHES, _signature, arch_children, arch_records, assert_compiled, finish_record)
+    ARCHES, _signature, arch_children_fixture, arch_records, assert_compiled, finish_record)
 from test_kernel_compile_matrix import SMS  # noqa: E402
 
 REL = "vllm/v1/attention/ops/triton_sparse_mla_dsv4.py"
@@ -125,11 +125,7 @@ def compile_dsv4(arch: int) -> list[dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def children():
-    """One child per arch ptxas knows, run concurrently: {arch: CompletedProcess}."""
-    pytest.importorskip("triton")
-    return arch_children(__file__)
+children = arch_children_fixture(__file__)
 
 
 @pytest.mark.parametrize("arch", ARCHES)

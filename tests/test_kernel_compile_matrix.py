@@ -40,7 +40,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from test_kernel_compile import (  # noqa: E402
-    ARCHES, SMEM_LIMIT, _signature, arch_children, arch_records, assert_compiled, finish_record)
+    ARCHES, SMEM_LIMIT, _signature, arch_children_fixture, arch_records, assert_compiled,
+    finish_record)
 
 # SM counts of real parts per arch (the heuristic's split-K and tile choices
 # depend on it): A100 108, A30 56, A2 ~14 (as a small part); A6000 84, 3090 82,
@@ -161,11 +162,7 @@ def compile_matrix(arch: int) -> list[dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def children():
-    """One child per arch ptxas knows, run concurrently: {arch: CompletedProcess}."""
-    pytest.importorskip("triton")
-    return arch_children(__file__)
+children = arch_children_fixture(__file__)
 
 
 @pytest.mark.parametrize("arch", ARCHES)
