@@ -58,6 +58,7 @@ from pathlib import Path
 import numpy as np
 
 import nan_probe  # the probe's records in the engine logs (same folder)
+import prompt_lp_guard  # the guard's records in the engine logs
 
 INDEX_TOPK = 2048
 # DeepSeek-V4: its C4 layer's indexer keeps index_topk 512 of the compressed entries (one per 4
@@ -424,10 +425,16 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
         probe = nan_probe.count_checks(nan_probe.read_records(res / job["name"] / "engine.log"))
         if probe:
             e["nan_probe"] = probe
+        guard = prompt_lp_guard.summarize(prompt_lp_guard.read_records(res / job["name"] / "engine.log"))
+        if guard:
+            e["prompt_lp_guard"] = guard
         engines[job["name"]] = e
         if not meta.get("ok"):
             failures.append(f"{job['name']}: engine failed: {meta.get('error')}")
             continue
+        if job["env"].get(prompt_lp_guard.GUARD_ENV) == "1" and not guard.get("installed"):
+            failures.append(f"{job['name']}: the prompt-logprob guard was asked for "
+                            f"({prompt_lp_guard.GUARD_ENV}=1) and never installed (engine log)")
         fp8 = job.get("kv_cache_dtype", "auto") != "auto"
         if is_v4_job(job):
             failures += v4_engine_failures(job, meta)
@@ -577,6 +584,14 @@ def write_report(s: dict) -> str:
     if probed:  # SMLA_E2E_NAN_CHECK=1: what the probe reported (lines in the engine logs)
         out += ["", "NaN probe (SMLA_E2E_NAN_CHECK=1): records per check, lines `SMLA_NANCHECK` of the engine logs:"]
         out += [f"- {n}: " + ", ".join(f"{k} {v}" for k, v in counts.items()) for n, counts in probed]
+    overwritten = [(n, e["prompt_lp_guard"]) for n, e in s["engines"].items()
+                   if (e.get("prompt_lp_guard") or {}).get("steps_changed")]
+    if overwritten:  # the prompt-logprob guard: steps whose hidden states the MTP drafter changed
+        out += ["", "Hidden states the MTP drafter overwrote before the prompt logprobs were read "
+                "(vLLM issue 53488; the logprobs above come from the guard's copy, lines `SMLA_PROMPT_LP`):"]
+        out += [f"- {n}: {g['steps_changed']} step(s), {g['rows_changed']} row(s); first: step "
+                f"{g['first']['step']}, {g['first']['tokens']} tokens, {g['first']['rows_changed']} rows"
+                for n, g in overwritten]
     if s["failures"]:
         out += ["", "failures:"] + [f"- {f}" for f in s["failures"]]
     out += ["", f"exit code {s['exit_code']}", ""]

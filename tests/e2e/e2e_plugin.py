@@ -19,11 +19,15 @@ backend, so the reference and our side load the same weights. vLLM's own post-lo
 
 DeepSeek-V4 (tests/e2e/models/deepseek-v4-tiny) loads a generated safetensors checkpoint
 with load_format "auto" instead; describe_model() reports its attention class, mHC, output
-projection and compressor kernels per layer (`dsv4`). One harness intervention, only where
-the engine's environment asks for it: SMLA_E2E_DSV4_O_PROJ=bf16 makes DeepSeek-V4's
-attention output projection the bf16 one (`o_proj.bf16_o_proj`, no fp8 quantisation of the
-attention output) on an otherwise unchanged engine: the `ref-o16` engine of the V4 runs
-(README "DeepSeek-V4"), which measures what that choice of the portable path costs.
+projection and compressor kernels per layer (`dsv4`). Two harness interventions, each only
+where the engine's environment asks for it:
+- SMLA_E2E_DSV4_O_PROJ=bf16 makes DeepSeek-V4's attention output projection the bf16 one
+  (`o_proj.bf16_o_proj`, no fp8 quantisation of the attention output) on an otherwise
+  unchanged engine: the `ref-o16` engine of the V4 runs (README "DeepSeek-V4"), which
+  measures what that choice of the portable path costs.
+- SMLA_E2E_PROMPT_LP_GUARD=1 (every engine, unless run_e2e --no-prompt-lp-guard) computes
+  the teacher-forced logprobs from a copy of the target's hidden states, which upstream's MTP
+  drafter can overwrite in the CUDA-graph pool before they are read (prompt_lp_guard.py).
 """
 from __future__ import annotations
 
@@ -158,6 +162,17 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             sys.meta_path.remove(self)
 
 
+def _patch_now_or_after_import(name: str, patch) -> str:
+    """patch(module) now if `name` is imported, else right after it is."""
+    module = sys.modules.get(name)
+    if module is not None:
+        patch(module)
+        return "patched"
+    if not any(isinstance(f, _PatchAfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchAfterImport(name, patch))
+    return "hooked"
+
+
 def install_dsv4_o_proj_override(environ=os.environ) -> str | None:
     """With SMLA_E2E_DSV4_O_PROJ=bf16: force the bf16 DeepSeek-V4 output projection in this
     process, now if the module is already imported, else right after it is. Returns what was
@@ -168,13 +183,7 @@ def install_dsv4_o_proj_override(environ=os.environ) -> str | None:
         return None
     if want != "bf16":
         raise ValueError(f"{DSV4_O_PROJ_ENV}={want!r}: only 'bf16' is known")
-    module = sys.modules.get(DSV4_O_PROJ_MODULE)
-    if module is not None:
-        _patch_o_proj_module(module)
-        return "patched"
-    if not any(isinstance(f, _PatchAfterImport) and f.name == DSV4_O_PROJ_MODULE for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchAfterImport(DSV4_O_PROJ_MODULE, _patch_o_proj_module))
-    return "hooked"
+    return _patch_now_or_after_import(DSV4_O_PROJ_MODULE, _patch_o_proj_module)
 
 
 def install_nan_probe(environ=os.environ) -> str | None:
@@ -184,23 +193,32 @@ def install_nan_probe(environ=os.environ) -> str | None:
     if environ.get(nan_probe.NAN_CHECK_ENV) != "1":
         return None
     for name in nan_probe.MODULES:
-        module = sys.modules.get(name)
-        if module is not None:
-            nan_probe.patch_module(module)
-        elif not any(isinstance(f, _PatchAfterImport) and f.name == name for f in sys.meta_path):
-            sys.meta_path.insert(0, _PatchAfterImport(name, nan_probe.patch_module))
+        _patch_now_or_after_import(name, nan_probe.patch_module)
     return "installed"
+
+
+def install_prompt_lp_guard(environ=os.environ) -> str | None:
+    """With SMLA_E2E_PROMPT_LP_GUARD=1 (run_e2e sets it unless --no-prompt-lp-guard): prompt
+    logprobs from the target's own hidden states, not from the graph pool the MTP drafter may
+    have overwritten (prompt_lp_guard.py)."""
+    import prompt_lp_guard
+
+    if environ.get(prompt_lp_guard.GUARD_ENV) != "1":
+        return None
+    return _patch_now_or_after_import(prompt_lp_guard.MODULE, prompt_lp_guard.patch_module)
 
 
 def register() -> None:
     """Entry point: register the `e2e_dummy` load format (idempotent); with
     SMLA_E2E_DSV4_O_PROJ=bf16, the DeepSeek-V4 output-projection override; with
-    SMLA_E2E_NAN_CHECK=1, the DeepSeek-V4 NaN probe."""
+    SMLA_E2E_NAN_CHECK=1, the DeepSeek-V4 NaN probe; with SMLA_E2E_PROMPT_LP_GUARD=1, the
+    prompt-logprob guard."""
     global _registered
     if _registered:
         return
     install_dsv4_o_proj_override()
     install_nan_probe()
+    install_prompt_lp_guard()
     from vllm.model_executor.model_loader import register_model_loader
     from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
 

@@ -59,6 +59,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from compare import V4_MODELS, engine_name  # noqa: E402  (one naming rule for both modules)
+import prompt_lp_guard  # noqa: E402
 
 MODELS = {"deepseek-v32-tiny": HERE / "models" / "deepseek-v32-tiny",
           "glm5-tiny": HERE / "models" / "glm5-tiny",
@@ -429,6 +430,8 @@ def build_jobs(args) -> list[dict]:
     base_env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
                 "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                 "NVSHMEM_DISABLE_NVLS": "1", "PYTHONUNBUFFERED": "1"}
+    if getattr(args, "prompt_lp_guard", True):
+        base_env[prompt_lp_guard.GUARD_ENV] = "1"
     jobs = []
     for tp in args.tp:
         for model in args.models:
@@ -640,6 +643,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(pristine 0.26.0's whole path; needs tilelang and nvidia-cutlass-dsl installed)")
     ap.add_argument("--v4-checkpoints", type=Path, default=V4_CHECKPOINTS,
                     help="where DeepSeek-V4's generated checkpoint is made and reused")
+    ap.add_argument("--no-prompt-lp-guard", dest="prompt_lp_guard", action="store_false",
+                    help="compute the teacher-forced logprobs as vLLM 0.26.0 does, from hidden states "
+                         "the MTP drafter can overwrite on a graph-replayed step (default: from a copy "
+                         "taken before the drafter runs; tests/e2e/prompt_lp_guard.py)")
     ap.add_argument("--plan", action="store_true",
                     help="print the engines (name, environment, LLM arguments) and the device-time "
                          "estimate as JSON, run nothing")

@@ -24,6 +24,7 @@ sys.path.insert(0, str(HERE))
 import bundle  # noqa: E402
 import compare  # noqa: E402
 import device_pieces  # noqa: E402
+import prompt_lp_guard  # noqa: E402
 import run_e2e  # noqa: E402
 from smla.errors import ChecksumError  # noqa: E402
 
@@ -344,6 +345,7 @@ def _engine(res: Path, job: dict, arrays: dict, *, backend=None, kv_used=None, t
     (res / job["name"]).mkdir(parents=True)
     (res / job["name"] / "meta.json").write_text(json.dumps(meta))
     np.savez_compressed(res / job["name"] / "arrays.npz", **arrays)
+    (res / job["name"] / "engine.log").write_text(prompt_lp_guard.line(prompt_lp_guard.INSTALLED) + "\n")
 
 
 def _shifted(a: dict, d: float, sparse_only: bool = False) -> dict:

@@ -22,6 +22,7 @@ sys.path.insert(0, str(HERE))
 
 import compare  # noqa: E402
 import e2e_plugin  # noqa: E402
+import prompt_lp_guard  # noqa: E402
 import run_e2e  # noqa: E402
 from test_e2e_harness import _arrays  # noqa: E402 (the same engine outputs)
 
@@ -324,8 +325,8 @@ def _run(tmp_path, shifts=None, records=None, extra=(), sides=SIDES, top1_flips=
         (tmp_path / job["name"]).mkdir(parents=True)
         (tmp_path / job["name"] / "meta.json").write_text(json.dumps(meta))
         np.savez_compressed(tmp_path / job["name"] / "arrays.npz", **arrays)
-        if job["side"] in (logs or {}):
-            (tmp_path / job["name"] / "engine.log").write_text(logs[job["side"]])
+        log = prompt_lp_guard.line(prompt_lp_guard.INSTALLED) + "\n" + (logs or {}).get(job["side"], "")
+        (tmp_path / job["name"] / "engine.log").write_text(log)
     bounds = json.loads((HERE / "bounds.json").read_text())
     return compare.compare_all(jobs, tmp_path, bounds), bounds
 
