@@ -84,6 +84,7 @@ def _wrap_sample_tokens(fn):
         if state is None or self.speculative_config is None or not self.num_prompt_logprobs:
             return fn(self, grammar_output)
         _state["steps"] += 1
+        requests = sorted(self.num_prompt_logprobs)[:8]  # bookkeeping drops finished prefills
         hidden = state.hidden_states
         kept = hidden.clone()
         self.execute_model_state = state._replace(hidden_states=kept)
@@ -91,7 +92,7 @@ def _wrap_sample_tokens(fn):
         rows = _changed_rows(kept, hidden)
         if rows:
             _emit({"check": "overwritten", "step": _state["steps"], "tokens": int(hidden.shape[0]),
-                   "rows_changed": rows, "requests": sorted(self.num_prompt_logprobs)[:8]})
+                   "rows_changed": rows, "requests": requests})
         return out
 
     sample_tokens.smla_prompt_lp_guard = True

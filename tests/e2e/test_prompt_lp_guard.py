@@ -41,6 +41,7 @@ def _module():
             state, self.execute_model_state = self.execute_model_state, None
             for r in self.drafter_rows:  # the drafter's replay, in the shared pool
                 self.pool[r] = -7.0
+            self.num_prompt_logprobs = {}  # bookkeeping: these prefills are done
             return state.hidden_states.sum(dim=-1)  # "prompt logprobs" from the hidden states
 
     return types.SimpleNamespace(__name__=prompt_lp_guard.MODULE, GPUModelRunner=GPUModelRunner)
