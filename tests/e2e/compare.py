@@ -59,6 +59,7 @@ import numpy as np
 
 import nan_probe  # the probe's records in the engine logs (same folder)
 import prompt_lp_guard  # the guard's records in the engine logs
+import sm80_paths  # which kernels took their sm80 paths (engine logs)
 
 INDEX_TOPK = 2048
 # DeepSeek-V4: its C4 layer's indexer keeps index_topk 512 of the compressed entries (one per 4
@@ -432,6 +433,11 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
         if not meta.get("ok"):
             failures.append(f"{job['name']}: engine failed: {meta.get('error')}")
             continue
+        if job["env"].get(sm80_paths.SM80_ENV) == "1":
+            e["sm80_paths"] = sm80_paths.patched_modules(res / job["name"] / "engine.log")
+            if e["sm80_paths"] != sorted(sm80_paths.MODULES):
+                failures.append(f"{job['name']}: sm80 code paths asked for ({sm80_paths.SM80_ENV}=1), "
+                                f"patched only {e['sm80_paths']} of {sorted(sm80_paths.MODULES)}")
         if job["env"].get(prompt_lp_guard.GUARD_ENV) == "1" and not guard.get("installed"):
             failures.append(f"{job['name']}: the prompt-logprob guard was asked for "
                             f"({prompt_lp_guard.GUARD_ENV}=1) and never installed (engine log)")
@@ -592,6 +598,10 @@ def write_report(s: dict) -> str:
         out += [f"- {n}: {g['steps_changed']} step(s), {g['rows_changed']} row(s); first: step "
                 f"{g['first']['step']}, {g['first']['tokens']} tokens, {g['first']['rows_changed']} rows"
                 for n, g in overwritten]
+    sm80 = [(n, e["sm80_paths"]) for n, e in s["engines"].items() if e.get("sm80_paths")]
+    if sm80:  # --ours-sm80-paths: the capability helpers this engine's kernels saw as 8.0
+        out += ["", "sm80/86 code paths of the series' kernels (SMLA_E2E_SM80_PATHS=1; capability 8.0 in):"]
+        out += [f"- {n}: " + ", ".join(m.rsplit(".", 1)[1] for m in mods) for n, mods in sm80]
     if s["failures"]:
         out += ["", "failures:"] + [f"- {f}" for f in s["failures"]]
     out += ["", f"exit code {s['exit_code']}", ""]

@@ -19,7 +19,7 @@ backend, so the reference and our side load the same weights. vLLM's own post-lo
 
 DeepSeek-V4 (tests/e2e/models/deepseek-v4-tiny) loads a generated safetensors checkpoint
 with load_format "auto" instead; describe_model() reports its attention class, mHC, output
-projection and compressor kernels per layer (`dsv4`). Two harness interventions, each only
+projection and compressor kernels per layer (`dsv4`). Harness interventions, each only
 where the engine's environment asks for it:
 - SMLA_E2E_DSV4_O_PROJ=bf16 makes DeepSeek-V4's attention output projection the bf16 one
   (`o_proj.bf16_o_proj`, no fp8 quantisation of the attention output) on an otherwise
@@ -28,6 +28,8 @@ where the engine's environment asks for it:
 - SMLA_E2E_PROMPT_LP_GUARD=1 (every engine, unless run_e2e --no-prompt-lp-guard) computes
   the teacher-forced logprobs from a copy of the target's hidden states, which upstream's MTP
   drafter can overwrite in the CUDA-graph pool before they are read (prompt_lp_guard.py).
+- SMLA_E2E_SM80_PATHS=1 (DeepSeek-V4 `ours`, run_e2e --ours-sm80-paths) makes the series'
+  kernels take their sm80/86 code paths on the GPU at hand (sm80_paths.py).
 """
 from __future__ import annotations
 
@@ -208,17 +210,30 @@ def install_prompt_lp_guard(environ=os.environ) -> str | None:
     return _patch_now_or_after_import(prompt_lp_guard.MODULE, prompt_lp_guard.patch_module)
 
 
+def install_sm80_paths(environ=os.environ) -> str | None:
+    """With SMLA_E2E_SM80_PATHS=1 (run_e2e --ours-sm80-paths, DeepSeek-V4 `ours`): the series'
+    kernels take their sm80/86 code paths on this GPU (sm80_paths.py)."""
+    import sm80_paths
+
+    if environ.get(sm80_paths.SM80_ENV) != "1":
+        return None
+    for name in sm80_paths.MODULES:
+        _patch_now_or_after_import(name, sm80_paths.patch_module)
+    return "installed"
+
+
 def register() -> None:
     """Entry point: register the `e2e_dummy` load format (idempotent); with
     SMLA_E2E_DSV4_O_PROJ=bf16, the DeepSeek-V4 output-projection override; with
     SMLA_E2E_NAN_CHECK=1, the DeepSeek-V4 NaN probe; with SMLA_E2E_PROMPT_LP_GUARD=1, the
-    prompt-logprob guard."""
+    prompt-logprob guard; with SMLA_E2E_SM80_PATHS=1, the kernels' sm80/86 paths."""
     global _registered
     if _registered:
         return
     install_dsv4_o_proj_override()
     install_nan_probe()
     install_prompt_lp_guard()
+    install_sm80_paths()
     from vllm.model_executor.model_loader import register_model_loader
     from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
 

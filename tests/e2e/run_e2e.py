@@ -60,6 +60,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from compare import V4_MODELS, engine_name  # noqa: E402  (one naming rule for both modules)
 import prompt_lp_guard  # noqa: E402
+import sm80_paths  # noqa: E402
 
 MODELS = {"deepseek-v32-tiny": HERE / "models" / "deepseek-v32-tiny",
           "glm5-tiny": HERE / "models" / "glm5-tiny",
@@ -412,13 +413,15 @@ def v4_jobs(args, tp: int, model: str, base_env: dict, ours_env: dict) -> list[d
     if V4_DTYPE not in args.dtypes:
         return []
     ref_kernels = getattr(args, "v4_ref_kernels", "available")
+    sm80 = getattr(args, "ours_sm80_paths", False)
     root = Path(getattr(args, "v4_checkpoints", V4_CHECKPOINTS))
     jobs = []
     for side in (s for s in V4_SIDES if s in args.sides):
         jobs.append({"name": engine_name(tp, model, V4_DTYPE, side, V4_KV), "model": model,
                      "model_dir": str(root / model), "dtype": V4_DTYPE, "side": side, "tp": tp,
                      "kv_cache_dtype": V4_KV, "mqa": False, "backend": None,
-                     "env": dict(base_env, **v4_side_env(side, ref_kernels, ours_env)),
+                     "env": dict(base_env, **v4_side_env(side, ref_kernels, ours_env),
+                                 **({sm80_paths.SM80_ENV: "1"} if side == "ours" and sm80 else {})),
                      "force_mqa": False, "kv_bytes": args.kv_gib << 30, "load_format": "auto",
                      "max_num_batched_tokens": V4_REF2_BATCHED_TOKENS if side == "ref2" else None,
                      "v4_ref_kernels": ref_kernels})
@@ -643,6 +646,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(pristine 0.26.0's whole path; needs tilelang and nvidia-cutlass-dsl installed)")
     ap.add_argument("--v4-checkpoints", type=Path, default=V4_CHECKPOINTS,
                     help="where DeepSeek-V4's generated checkpoint is made and reused")
+    ap.add_argument("--ours-sm80-paths", action="store_true",
+                    help="DeepSeek-V4 `ours`: the series' kernels take their sm80/86 code paths "
+                         "(software e4m3, indexer without fp8 tensor cores) on this GPU "
+                         "(SMLA_E2E_SM80_PATHS=1, tests/e2e/sm80_paths.py)")
     ap.add_argument("--no-prompt-lp-guard", dest="prompt_lp_guard", action="store_false",
                     help="compute the teacher-forced logprobs as vLLM 0.26.0 does, from hidden states "
                          "the MTP drafter can overwrite on a graph-replayed step (default: from a copy "

@@ -1,0 +1,70 @@
+"""The sm80/86 code paths of the series' kernels on a newer GPU (SMLA_E2E_SM80_PATHS=1, e2e_plugin).
+
+The portable kernels decide two things by the GPU's capability, each in one cached helper of
+its module (patches 0006, 0010, 0014, 0016):
+  triton_fp8_e4m3._cuda_capability   e4m3 encode/decode in software below sm89 (the cache
+                                     writes, compressor, indexer query, and every reader
+                                     through fp8_e4m3_hw)
+  triton_sparse_mla_dsv4._cuda_info  DeepSeek-V4 attention: software e4m3 decode below sm89
+  triton_dsa_indexer._cuda_info      indexer logits: software e4m3 decode and 16-bit dots
+                                     instead of fp8 tensor cores below sm89
+With the variable set, this engine's process sees capability 8.0 in those three helpers (the
+SM count stays the real one), so on the H200 the portable path runs the kernels an A100 runs.
+vLLM's own platform queries are untouched: which classes and ops vLLM selects (Marlin,
+top-k, attention class) is covered by the mocked-capability selection tests, not here.
+Each patched module is one line `SMLA_SM80 {json}` on stderr (the engine's log);
+compare.py requires all of MODULES in an engine that asked for it.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+SM80_ENV = "SMLA_E2E_SM80_PATHS"
+PREFIX = "SMLA_SM80"
+CAPABILITY = (8, 0)
+_OPS = "vllm.v1.attention.ops."
+MODULES = (_OPS + "triton_fp8_e4m3", _OPS + "triton_sparse_mla_dsv4", _OPS + "triton_dsa_indexer")
+
+
+def line(record: dict) -> str:
+    """A record as written to the engine's log."""
+    return f"{PREFIX} " + json.dumps(record)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _patches() -> dict:
+    """module name -> (attribute, replacement)."""
+    return {
+        MODULES[0]: ("_cuda_capability", lambda index: CAPABILITY),
+        MODULES[1]: ("_cuda_info", lambda index: (_sm_count(index), CAPABILITY)),
+        MODULES[2]: ("_cuda_info", lambda index: (_sm_count(index), CAPABILITY >= (8, 9))),
+    }
+
+
+def patch_module(module) -> None:
+    """Replace the module's capability helper (it must exist: a renamed helper must fail the
+    run, not silently run the sm90 path)."""
+    attr, fn = _patches()[module.__name__]
+    if not callable(getattr(module, attr, None)):
+        raise AttributeError(f"{module.__name__}.{attr}: not found; sm80_paths.py needs updating")
+    setattr(module, attr, fn)
+    print(line({"module": module.__name__, "helper": attr, "capability": list(CAPABILITY)}),
+          file=sys.stderr, flush=True)
+
+
+def patched_modules(log: Path) -> list[str]:
+    """The modules an engine log says were patched (sorted, unique)."""
+    if not log.is_file():
+        return []
+    tag = PREFIX + " "
+    return sorted({json.loads(x.split(tag, 1)[1])["module"]
+                   for x in log.read_text(errors="replace").splitlines() if tag in x})
