@@ -188,6 +188,10 @@ def write_payload(build: Path, out: Path) -> tuple[Path, dict[str, str]]:
     return xz_path, sums
 
 
+# A call carries 64 MiB: a piece, the manifest and the repo's tracked files (8 MiB on 2026-12-01).
+PIECE_MIB = 50
+
+
 def split(payload: Path, out: Path, piece_bytes: int) -> list[dict]:
     """Cut payload into out/pieces/NN/payload.partNN (one folder per `carry` path)."""
     pieces_dir = out / "pieces"
@@ -207,6 +211,26 @@ def split(payload: Path, out: Path, piece_bytes: int) -> list[dict]:
     return pieces
 
 
+def resplit(out: Path, piece_bytes: int) -> int:
+    """Cut OUT's payload into new pieces and rewrite the manifest's piece list; the payload must
+    still be the one the manifest describes (sha256)."""
+    manifest_path = out / "manifest.json"
+    if not manifest_path.is_file():
+        raise UsageError(f"{manifest_path}: no bundle there; run `make e2e-bundle` first")
+    manifest = json.loads(manifest_path.read_text())
+    payload = out / manifest["payload"]["file"]
+    if not payload.is_file() or _sha256_file(payload) != manifest["payload"]["sha256"]:
+        raise UsageError(f"{payload}: missing or not the payload {manifest_path} describes; "
+                         f"run `make e2e-bundle` again")
+    manifest["pieces"] = split(payload, out, piece_bytes)
+    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    mib = 1 << 20
+    print(f"{len(manifest['pieces'])} pieces of <= {piece_bytes / mib:.0f} MiB:")
+    for p in manifest["pieces"]:
+        print(f"  {out}/{p['path']}  {p['bytes'] / mib:.1f} MiB")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wheel", type=Path, help="vLLM wheel (build-wheel output or official)")
@@ -216,8 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, type=Path, help="default .e2e (.e2e-extra with --extra)")
     ap.add_argument("--requirements", default=None, type=Path,
                     help="default device-requirements.txt (device-requirements-v4-upstream.txt with --extra)")
-    ap.add_argument("--piece-mib", default=56, type=int,
+    ap.add_argument("--piece-mib", default=PIECE_MIB, type=int,
                     help="piece size; the repo itself also travels within the 64 MiB of a call")
+    ap.add_argument("--resplit", action="store_true",
+                    help="only cut the existing bundle's payload (OUT/payload.tar.xz, as its manifest "
+                         "names it) into pieces of --piece-mib again: when the repo has grown and a "
+                         "piece no longer fits beside it")
     args = ap.parse_args(argv)
     here = Path(__file__).resolve().parent
     if args.out is None:
@@ -225,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.requirements is None:
         args.requirements = here / ("device-requirements-v4-upstream.txt" if args.extra else "device-requirements.txt")
     try:
+        if args.resplit:
+            return resplit(args.out, args.piece_mib << 20)
         if args.wheel is None and not args.extra:
             raise UsageError("--wheel is required (or --extra for a dependency-only bundle)")
         out = args.out

@@ -438,6 +438,10 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
             if e["sm80_paths"] != sorted(sm80_paths.MODULES):
                 failures.append(f"{job['name']}: sm80 code paths asked for ({sm80_paths.SM80_ENV}=1), "
                                 f"patched only {e['sm80_paths']} of {sorted(sm80_paths.MODULES)}")
+            seen = [p.get("kernel_capability") for p in meta.get("model_probe") or []]
+            if not seen or any(v != sm80_paths.SM80_VIEW for v in seen):
+                failures.append(f"{job['name']}: sm80 code paths asked for, the model's worker saw "
+                                f"{seen} (want {sm80_paths.SM80_VIEW})")
         if job["env"].get(prompt_lp_guard.GUARD_ENV) == "1" and not guard.get("installed"):
             failures.append(f"{job['name']}: the prompt-logprob guard was asked for "
                             f"({prompt_lp_guard.GUARD_ENV}=1) and never installed (engine log)")

@@ -71,7 +71,11 @@ def stage(bundle: Path, store: Path, use_stored: bool = False) -> tuple[dict, li
         if not carried.is_file():
             continue
         if sha256(carried) != piece["sha256"]:
-            raise PieceError(CHECKSUM, f"carried piece {piece['path']} does not match the manifest")
+            # ignored paths of earlier calls stay in the machine's copy of the repo: a piece of
+            # another cut of the bundle is left out here (and counted missing if it is)
+            print(f"ignoring {carried}: not this manifest's piece {piece['index']} (left from an "
+                  f"earlier call, or damaged); carry it again", flush=True)
+            continue
         shutil.copyfile(carried, store / "pieces" / Path(piece["path"]).name)
         print(f"staged piece {piece['index']}/{len(manifest['pieces'])}", flush=True)
     missing = [p["index"] for p in manifest["pieces"]

@@ -274,9 +274,11 @@ def describe_model(model) -> dict:
         logits = list(select_sparse_indexer_logits())
     except ImportError:
         logits = ["deepgemm", "pristine vLLM: DeepGEMM is the only CUDA indexer"]
+    import sm80_paths
+
     out = {"attention_impls": sorted(impls), "attention_backends": sorted(backends),
            "indexer_modules": sorted(indexers), "indexer_logits": logits, "parameters": n_params,
-           "kv_cache_dtypes": sorted(kv_dtypes)}
+           "kv_cache_dtypes": sorted(kv_dtypes), "kernel_capability": sm80_paths.worker_view()}
     dsv4 = describe_dsv4(model)
     if dsv4 is not None:
         # DeepSeek-V4 builds its attention outside vLLM's Attention layers: report its

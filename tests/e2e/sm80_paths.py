@@ -12,12 +12,16 @@ With the variable set, this engine's process sees capability 8.0 in those three 
 SM count stays the real one), so on the H200 the portable path runs the kernels an A100 runs.
 vLLM's own platform queries are untouched: which classes and ops vLLM selects (Marlin,
 top-k, attention class) is covered by the mocked-capability selection tests, not here.
-Each patched module is one line `SMLA_SM80 {json}` on stderr (the engine's log);
-compare.py requires all of MODULES in an engine that asked for it.
+Each patched module is one line `SMLA_SM80 {json}` on stderr (the process that patched it;
+the engine core, forked from the front end, inherits the patched modules). What the kernels'
+helpers answer inside the worker that runs the model is in the model probe
+(`kernel_capability`, worker_view()); compare.py requires all of MODULES patched and the
+worker's view equal to SM80_VIEW in an engine that asked for it.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -27,6 +31,8 @@ PREFIX = "SMLA_SM80"
 CAPABILITY = (8, 0)
 _OPS = "vllm.v1.attention.ops."
 MODULES = (_OPS + "triton_fp8_e4m3", _OPS + "triton_sparse_mla_dsv4", _OPS + "triton_dsa_indexer")
+# worker_view() with the sm80 paths: no GPU e4m3 conversion, capability 8.0, no fp8 tensor cores
+SM80_VIEW = {"fp8_e4m3_hw": False, "dsv4_capability": [8, 0], "indexer_fp8_mma": False}
 
 
 def line(record: dict) -> str:
@@ -68,3 +74,19 @@ def patched_modules(log: Path) -> list[str]:
     tag = PREFIX + " "
     return sorted({json.loads(x.split(tag, 1)[1])["module"]
                    for x in log.read_text(errors="replace").splitlines() if tag in x})
+
+
+def worker_view() -> dict:
+    """What the three helpers answer for this process's CUDA device (keys of SM80_VIEW); {}
+    without CUDA or without the series' modules (pristine vLLM)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    try:
+        fp8, dsv4, indexer = (importlib.import_module(m) for m in MODULES)
+    except ImportError:
+        return {}
+    dev = torch.device("cuda", torch.cuda.current_device())
+    return {"fp8_e4m3_hw": bool(fp8.fp8_e4m3_hw(dev)), "dsv4_capability": list(dsv4._device_info(dev)[1]),
+            "indexer_fp8_mma": bool(indexer._device_info(dev)[1])}

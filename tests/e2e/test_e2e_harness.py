@@ -136,14 +136,21 @@ def test_a_missing_piece_fails_clearly(tmp_path, capsys):
     assert "[2" in str(exc.value) and "warm" in str(exc.value)
 
 
-def test_a_corrupted_piece_is_refused(tmp_path):
-    src, _ = _bundle(tmp_path, 4096)
+def test_a_corrupted_or_stale_piece_is_never_staged(tmp_path, capsys):
+    """A carried piece that is not the manifest's (damaged, or left in the machine's copy of
+    the repo by a call with another cut of the bundle) is ignored with a note and counts as
+    missing; the run then stops at the missing piece."""
+    src, manifest = _bundle(tmp_path, 4096)
     call = _call(tmp_path, src, [1], "c1")
     part = next((call / "pieces" / "01").iterdir())
     part.write_bytes(b"x" + part.read_bytes()[1:])
+    store = tmp_path / "store"
+    _, missing = device_pieces.stage(call, store)
+    assert 1 in missing and not (store / "pieces" / part.name).exists()
+    assert f"ignoring {part}" in capsys.readouterr().out
     with pytest.raises(device_pieces.PieceError) as exc:
-        device_pieces.stage(call, tmp_path / "store")
-    assert exc.value.code == device_pieces.CHECKSUM
+        device_pieces.assemble(call, store)
+    assert exc.value.code == device_pieces.MISSING
 
 
 def test_workload_covers_batch_topk_chunking_and_prefixes():

@@ -78,21 +78,36 @@ def test_run_sets_it_on_v4_ours_only():
     assert not any(sm80_paths.SM80_ENV in j["env"] for j in plain)
 
 
-def test_compare_requires_every_helper_patched(tmp_path):
+def test_compare_requires_every_helper_patched_and_the_workers_view(tmp_path):
     from test_e2e_v4 import V4, _run
 
     full = "".join(sm80_paths.line({"module": m}) + "\n" for m in sm80_paths.MODULES)
-    s, bounds = _run(tmp_path, extra=["--ours-sm80-paths"], logs={"ours": full})
-    assert s["failures"] == [] and s["exit_code"] == 0
-    (name,) = [n for n, e in s["engines"].items() if e.get("sm80_paths")]
-    assert name.endswith("-ours")
-    assert f"- {name}: triton_dsa_indexer, triton_fp8_e4m3, triton_sparse_mla_dsv4" in compare.write_report(s)
-
-    log = tmp_path / name / "engine.log"
-    log.write_text(log.read_text().replace(sm80_paths.line({"module": sm80_paths.MODULES[1]}) + "\n", ""))
+    _, bounds = _run(tmp_path, extra=["--ours-sm80-paths"], logs={"ours": full})
     jobs = run_e2e.select_jobs(run_e2e.parse_args(["--models", V4, "--sides", "ref", "ref2", "ref-o16", "ours",
                                                    "--ours-sm80-paths"]))
+    name = next(j["name"] for j in jobs if j["side"] == "ours")
+    meta_path = tmp_path / name / "meta.json"
+    meta = json.loads(meta_path.read_text())
+
+    def with_view(view):
+        for probe in meta["model_probe"]:
+            probe["kernel_capability"] = view
+        meta_path.write_text(json.dumps(meta))
+        return compare.compare_all(jobs, tmp_path, bounds)
+
+    s = with_view(dict(sm80_paths.SM80_VIEW))
+    assert s["failures"] == [] and s["exit_code"] == 0
+    assert s["engines"][name]["sm80_paths"] == sorted(sm80_paths.MODULES)
+    assert f"- {name}: triton_dsa_indexer, triton_fp8_e4m3, triton_sparse_mla_dsv4" in compare.write_report(s)
+
+    # the worker ran the sm90 paths (e.g. an engine core that did not inherit the patches)
+    s = with_view({"fp8_e4m3_hw": True, "dsv4_capability": [9, 0], "indexer_fp8_mma": True})
+    (failure,) = s["failures"]
+    assert "the model's worker saw" in failure and s["exit_code"] != 0
+
+    with_view(dict(sm80_paths.SM80_VIEW))
+    log = tmp_path / name / "engine.log"
+    log.write_text(log.read_text().replace(sm80_paths.line({"module": sm80_paths.MODULES[1]}) + "\n", ""))
     s = compare.compare_all(jobs, tmp_path, bounds)
     (failure,) = s["failures"]
-    assert "patched only" in failure and sm80_paths.MODULES[1] not in failure.split("of")[0]
-    assert s["exit_code"] != 0
+    assert "patched only" in failure and s["exit_code"] != 0
