@@ -382,15 +382,21 @@ def dsv4_selection_table(trees) -> list[str]:
         cells.append(att(pri, pri_cases, pristine_classes))
         triton = any(c["attention"]["class"] == TRITON_V4 for c in pat["dsv4"]["cases"])
         # the V4 kernel tests and the engine runs were on an H200 (tests/gpu/results/v4/,
-        # tests/e2e/results/2026-12-01-v4-*): sm90 only; every arch compiles the kernels
-        # (tests/test_kernel_compile_dsv4.py, tests/test_kernel_compile_v4_ops.py)
+        # tests/e2e/results/2026-12-01-v4-*); every arch compiles the kernels
+        # (tests/test_kernel_compile_dsv4.py, tests/test_kernel_compile_v4_ops.py). The kernels
+        # take one of two code paths by capability (below / from sm89: software or GPU e4m3,
+        # indexer without / with fp8 tensor cores); the H200 ran both (e2e runs 10-11: the
+        # sm80/86 one, tests/e2e/sm80_paths.py)
         if not triton:
             proof = "selection only"
         elif cell.capability == "9.0":
             proof = ("selection; H200: Triton attention and e4m3 kernel tests, the portable path "
                      "through `vllm.LLM` (`=1`)")
+        elif cell.capability in ("8.0", "8.6"):
+            proof = ("selection; kernels compile-only; H200 with the sm80/86 code paths forced: kernel "
+                     "tests, the portable path through `vllm.LLM`")
         else:
-            proof = "selection; kernels compile-only"
+            proof = "selection; kernels compile-only; the Triton kernels' sm89+ code paths ran on the H200"
         cells.append(proof)
         out.append(f"| {cell.capability} | " + " | ".join(cells) + " |")
     return out

@@ -26,9 +26,9 @@ lines per process. The checks synchronise with the host: for diagnosis only.
 from __future__ import annotations
 
 import functools
-import json
-import sys
 from pathlib import Path
+
+import log_records
 
 NAN_CHECK_ENV = "SMLA_E2E_NAN_CHECK"
 PREFIX = "SMLA_NANCHECK"  # each record: one stderr line, PREFIX and its JSON
@@ -57,11 +57,7 @@ _replayed: dict = {}   # layer -> (call, slots, positions) of the last insert of
 
 def read_records(log: Path) -> list[dict]:
     """The probe's records in an engine log (none when the probe was off or the log is missing)."""
-    if not log.is_file():
-        return []
-    tag = PREFIX + " "
-    return [json.loads(line.split(tag, 1)[1]) for line in log.read_text(errors="replace").splitlines()
-            if tag in line]
+    return log_records.read(PREFIX, log)
 
 
 def count_checks(records: list[dict]) -> dict:
@@ -77,7 +73,7 @@ def _emit(record: dict) -> None:
     if _lines >= MAX_LINES:
         return
     _lines += 1
-    print(f"{PREFIX} " + json.dumps(record, default=str), file=sys.stderr, flush=True)
+    log_records.emit(PREFIX, record)
 
 
 def _bad_rows(t, n: int):

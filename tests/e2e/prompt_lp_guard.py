@@ -21,9 +21,9 @@ no output other than these prompt logprobs; every side of a run gets it.
 from __future__ import annotations
 
 import functools
-import json
-import sys
 from pathlib import Path
+
+import log_records
 
 GUARD_ENV = "SMLA_E2E_PROMPT_LP_GUARD"
 PREFIX = "SMLA_PROMPT_LP"  # each record: one stderr line, PREFIX and its JSON
@@ -35,7 +35,7 @@ _state = {"lines": 0, "steps": 0}
 
 def line(record: dict) -> str:
     """A record as the guard writes it to the engine's log."""
-    return f"{PREFIX} " + json.dumps(record, default=str)
+    return log_records.line(PREFIX, record)
 
 
 INSTALLED = {"check": "installed", "module": MODULE}
@@ -45,16 +45,12 @@ def _emit(record: dict) -> None:
     if _state["lines"] >= MAX_LINES:
         return
     _state["lines"] += 1
-    print(line(record), file=sys.stderr, flush=True)
+    log_records.emit(PREFIX, record)
 
 
 def read_records(log: Path) -> list[dict]:
     """The guard's records in an engine log (none when it was off or the log is missing)."""
-    if not log.is_file():
-        return []
-    tag = PREFIX + " "
-    return [json.loads(line.split(tag, 1)[1]) for line in log.read_text(errors="replace").splitlines()
-            if tag in line]
+    return log_records.read(PREFIX, log)
 
 
 def summarize(records: list[dict]) -> dict:

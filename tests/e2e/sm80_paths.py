@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
-import sys
 from pathlib import Path
+
+import log_records
 
 SM80_ENV = "SMLA_E2E_SM80_PATHS"
 PREFIX = "SMLA_SM80"
@@ -37,7 +37,7 @@ SM80_VIEW = {"fp8_e4m3_hw": False, "dsv4_capability": [8, 0], "indexer_fp8_mma":
 
 def line(record: dict) -> str:
     """A record as written to the engine's log."""
-    return f"{PREFIX} " + json.dumps(record)
+    return log_records.line(PREFIX, record)
 
 
 @functools.cache
@@ -63,17 +63,12 @@ def patch_module(module) -> None:
     if not callable(getattr(module, attr, None)):
         raise AttributeError(f"{module.__name__}.{attr}: not found; sm80_paths.py needs updating")
     setattr(module, attr, fn)
-    print(line({"module": module.__name__, "helper": attr, "capability": list(CAPABILITY)}),
-          file=sys.stderr, flush=True)
+    log_records.emit(PREFIX, {"module": module.__name__, "helper": attr, "capability": list(CAPABILITY)})
 
 
 def patched_modules(log: Path) -> list[str]:
     """The modules an engine log says were patched (sorted, unique)."""
-    if not log.is_file():
-        return []
-    tag = PREFIX + " "
-    return sorted({json.loads(x.split(tag, 1)[1])["module"]
-                   for x in log.read_text(errors="replace").splitlines() if tag in x})
+    return sorted({r["module"] for r in log_records.read(PREFIX, log)})
 
 
 def worker_view() -> dict:

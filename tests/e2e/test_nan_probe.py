@@ -3,7 +3,6 @@ compare.py reports NaN prompt logprobs. Stand-in attention classes with the prob
 signatures; the batch layout the probe reads from vLLM's forward context is given directly."""
 from __future__ import annotations
 
-import json
 import sys
 import types
 from pathlib import Path
@@ -17,6 +16,7 @@ sys.path.insert(0, str(HERE))
 
 import compare  # noqa: E402
 import e2e_plugin  # noqa: E402
+import log_records  # noqa: E402
 import nan_probe  # noqa: E402
 
 NAN = float("nan")
@@ -63,9 +63,7 @@ def probe(monkeypatch, capsys):
 
     def records(installed=False):
         """The findings since the last call (with installed=True: the "installed" records too)."""
-        err = capsys.readouterr().err
-        recs = [json.loads(line.split("SMLA_NANCHECK ", 1)[1])
-                for line in err.splitlines() if line.startswith("SMLA_NANCHECK ")]
+        recs = log_records.parse(nan_probe.PREFIX, capsys.readouterr().err)
         return [r for r in recs if installed or r["check"] != "installed"]
     return records
 

@@ -17,6 +17,7 @@ sys.path.insert(0, str(HERE))
 
 import compare  # noqa: E402
 import e2e_plugin  # noqa: E402
+import log_records  # noqa: E402
 import prompt_lp_guard  # noqa: E402
 
 
@@ -57,11 +58,7 @@ def guarded(capsys, monkeypatch):
     prompt_lp_guard.patch_module(module)  # once only
 
     def records():
-        err = capsys.readouterr().err
-        tag = prompt_lp_guard.PREFIX + " "
-        import json
-
-        return [json.loads(x.split(tag, 1)[1]) for x in err.splitlines() if tag in x]
+        return log_records.parse(prompt_lp_guard.PREFIX, capsys.readouterr().err)
 
     return module, records
 

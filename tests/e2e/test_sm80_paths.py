@@ -16,6 +16,7 @@ sys.path.insert(0, str(HERE))
 
 import compare  # noqa: E402
 import e2e_plugin  # noqa: E402
+import log_records  # noqa: E402
 import run_e2e  # noqa: E402
 import sm80_paths  # noqa: E402
 
@@ -37,8 +38,8 @@ def test_helpers_report_capability_8_0_with_the_real_sm_count(monkeypatch, capsy
     assert fp8._cuda_capability(0) == (8, 0)
     assert dsv4._cuda_info(0) == (132, (8, 0))
     assert indexer._cuda_info(0) == (132, False)  # no fp8 tensor cores
-    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith(sm80_paths.PREFIX)]
-    assert [json.loads(x.split(" ", 1)[1])["module"] for x in lines] == list(sm80_paths.MODULES)
+    records = log_records.parse(sm80_paths.PREFIX, capsys.readouterr().err)
+    assert [r["module"] for r in records] == list(sm80_paths.MODULES)
 
 
 def test_a_missing_helper_fails_loudly():
