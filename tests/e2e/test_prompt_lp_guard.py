@@ -153,3 +153,25 @@ def test_compare_reports_overwrites_and_a_guard_that_never_installed(tmp_path):
                              f"({prompt_lp_guard.GUARD_ENV}=1) and never installed (engine log)"]
     assert s["exit_code"] != 0
     json.dumps(s)  # the summary stays JSON
+
+
+def test_the_runner_the_guard_wraps_in_the_patched_tree(vllm_tree):
+    """What the guard relies on in the pinned vLLM: GPUModelRunner.sample_tokens reads
+    execute_model_state (whose hidden_states field the guard replaces) and runs the drafter
+    before _bookkeeping_sync computes the prompt logprobs (the defect; when a vLLM release
+    reorders them, this fails and the guard can go)."""
+    import ast
+
+    src = (vllm_tree / (prompt_lp_guard.MODULE.replace(".", "/") + ".py")).read_text()
+    tree = ast.parse(src)
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    fields = [s.target.id for s in classes["ExecuteModelState"].body if isinstance(s, ast.AnnAssign)]
+    assert "hidden_states" in fields
+    runner = classes[prompt_lp_guard.RUNNER_CLASS]
+    (sample,) = [n for n in runner.body if isinstance(n, ast.FunctionDef) and n.name == "sample_tokens"]
+    body = ast.get_source_segment(src, sample)
+    for name in ("self.execute_model_state", "self.speculative_config"):
+        assert name in body, name
+    assert "self.num_prompt_logprobs" in src
+    draft = body.index("propose_draft_token_ids(sampled_token_ids)")
+    assert draft < body.index("self._bookkeeping_sync(")
