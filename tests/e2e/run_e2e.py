@@ -413,15 +413,15 @@ def v4_jobs(args, tp: int, model: str, base_env: dict, ours_env: dict) -> list[d
     if V4_DTYPE not in args.dtypes:
         return []
     ref_kernels = getattr(args, "v4_ref_kernels", "available")
-    sm80 = getattr(args, "ours_sm80_paths", False)
+    if getattr(args, "ours_sm80_paths", False):
+        ours_env = dict(ours_env, **{sm80_paths.SM80_ENV: "1"})
     root = Path(getattr(args, "v4_checkpoints", V4_CHECKPOINTS))
     jobs = []
     for side in (s for s in V4_SIDES if s in args.sides):
         jobs.append({"name": engine_name(tp, model, V4_DTYPE, side, V4_KV), "model": model,
                      "model_dir": str(root / model), "dtype": V4_DTYPE, "side": side, "tp": tp,
                      "kv_cache_dtype": V4_KV, "mqa": False, "backend": None,
-                     "env": dict(base_env, **v4_side_env(side, ref_kernels, ours_env),
-                                 **({sm80_paths.SM80_ENV: "1"} if side == "ours" and sm80 else {})),
+                     "env": dict(base_env, **v4_side_env(side, ref_kernels, ours_env)),
                      "force_mqa": False, "kv_bytes": args.kv_gib << 30, "load_format": "auto",
                      "max_num_batched_tokens": V4_REF2_BATCHED_TOKENS if side == "ref2" else None,
                      "v4_ref_kernels": ref_kernels})
@@ -658,6 +658,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="print the engines (name, environment, LLM arguments) and the device-time "
                          "estimate as JSON, run nothing")
     args = ap.parse_args(argv)
+    if args.ours_sm80_paths and not any(is_v4(m) for m in args.models):
+        ap.error("--ours-sm80-paths applies to DeepSeek-V4 only: add --models deepseek-v4-tiny")
     if args.ours_env is None:
         args.ours_env = [f"{INDEXER_SWITCH}=triton"]
     return args

@@ -77,6 +77,8 @@ def test_run_sets_it_on_v4_ours_only():
     assert ours["env"]["VLLM_DSV4_PORTABLE"] == "1" and ours["env"]["VLLM_SPARSE_INDEXER_BACKEND"] == "triton"
     plain = run_e2e.build_jobs(run_e2e.parse_args(["--models", "deepseek-v4-tiny"]))
     assert not any(sm80_paths.SM80_ENV in j["env"] for j in plain)
+    with pytest.raises(SystemExit):  # the DSA models have no such switch
+        run_e2e.parse_args(["--models", "glm5-tiny", "--ours-sm80-paths"])
 
 
 def test_compare_requires_every_helper_patched_and_the_workers_view(tmp_path):
