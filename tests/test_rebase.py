@@ -485,3 +485,13 @@ def test_reword_while_resolving(world):
     assert e["outcome"] == "resolved" and e["new_names"] == ["0004-Patch-e-reworded-for-the-new-base.patch"]
     assert (world["root"] / "patches" / "0004-Patch-e-reworded-for-the-new-base.patch").is_file()
     assert not (world["root"] / "patches" / "0005-Patch-e-conflicts.patch").exists()
+
+
+def test_json_conflict_stop_is_one_json_object(world):
+    """stdout under --json is one object: the report, with the stop's `error` (kind, hint, exit code)."""
+    res = smla(world, "--onto", world["c2"], "--source", str(world["up"]), "--json")
+    assert res.exit_code == 11
+    data = json.loads(res.stdout)  # old code: the report, then a second document (the error)
+    assert data["status"] == "conflict" and data["stopped_at"]
+    assert data["error"]["kind"] == "RebaseConflict" and data["error"]["exit_code"] == 11
+    assert "--continue" in data["error"]["hint"]

@@ -387,8 +387,17 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
                                      report_dir=report_dir, report_name=report_name, echo=echo)
     if written and not as_json:
         click.echo(f"report: {', '.join(str(p) for p in written)}", err=True)
-    click.echo(report.to_json(result.to_dict()) if as_json else rebase_mod.text(result), nl=False)
-    result.raise_for_status()
+    err = result.error()  # a stop on a conflict, a failed --test
+    if as_json:  # one JSON object: the report, with the error's `error` key when there is one
+        data = result.to_dict()
+        if err is not None:
+            data.update(err.to_dict())
+            err.reported = True
+        click.echo(report.to_json(data), nl=False)
+    else:
+        click.echo(rebase_mod.text(result), nl=False)
+    if err is not None:
+        raise err
 
 
 @main.command()

@@ -30,7 +30,7 @@ from smla import pin as pin_mod
 from smla import series as series_mod
 from smla.errors import RebaseConflict, SmlaError, TreeStateError, UsageError, cmd
 from smla.project import Project
-from smla.rebase import replay, state as state_mod
+from smla.rebase import replay, resume, state as state_mod
 from smla.rebase import target as target_mod
 from smla.rebase.replay import WORK_BRANCH
 from smla.rebase.report import (  # noqa: F401  (text and RebaseResult: what the CLI and its tests take)
@@ -93,9 +93,11 @@ def start(
     tree = tree.absolute()
     if treeinfo.rebase_in_progress(tree):
         st = state_mod.load(tree)
+        how = "was interrupted" if resume.interrupted(st) else "is already in progress"
         raise TreeStateError(
-            f"a rebase onto {st['target']['spec']} is already in progress in {tree}",
-            hint="finish it with `smla rebase --continue`, or undo it with `smla rebase --abort`",
+            f"a rebase onto {st['target']['spec']} {how} in {tree}",
+            hint="finish it with `smla rebase --continue` (it picks up where it stopped), "
+                 "or undo it with `smla rebase --abort`",
         )
     kind, spec = target_mod.parse(onto, upstream_commit)
     old_pin = project.pin()
@@ -138,6 +140,7 @@ def start(
         "pin_before": state_mod.pin_dict(old_pin),
         "outcomes": [Outcome(p.name, p.subject).to_dict() for p in series.patches],
         "next": 0,
+        "at": new_base,  # where the step in flight starts (rebase/resume.py)
         "stop_head": None,
         "stops": [],
         "report": {"dir": _report_dir(report_dir), "name": report_name},
@@ -154,6 +157,13 @@ def continue_(project: Project, tree: Path, *, run_tests: bool = False, report_d
     tree = tree.absolute()
     state = state_mod.load(tree)
     _remember_report(state, report_dir, report_name)
+    if resume.am_aborted(tree, state):
+        name = resume.replay_stopped_patch_again(tree, state)
+        echo(f"`git am --abort` undid the merge of {name}; replaying it again (to drop it instead: "
+             f"{cmd('git', '-C', tree, 'am', '--skip')} at the stop, then `smla rebase --continue`)")
+    if resume.interrupted(state):  # Ctrl-C, SIGTERM or SIGKILL mid-step: redo that step
+        echo(resume.rewind(tree, state))
+        return _replay(project, tree, state, run_tests, echo)
     i = state["next"]
     out = Outcome.from_dict(state["outcomes"][i])
     if state_mod.am_in_progress(tree):
@@ -191,6 +201,7 @@ def continue_(project: Project, tree: Path, *, run_tests: bool = False, report_d
     state["outcomes"][i] = out.to_dict()
     state["next"] = i + 1
     state["stop_head"] = None
+    state["at"] = proc.git_out(tree, "rev-parse", "HEAD")
     state_mod.save(tree, state)
     echo(f"  {out.outcome:<10} {out.name}")
     return _replay(project, tree, state, run_tests, echo)

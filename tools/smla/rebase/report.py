@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from smla import report
-from smla.errors import RebaseConflict, TestsFailed, cmd
+from smla.errors import RebaseConflict, SmlaError, TestsFailed, cmd
 from smla.treeinfo import PENDING  # the same state as apply's
 
 UNCHANGED = "unchanged"
@@ -91,20 +91,26 @@ class RebaseResult:
             out[p.outcome] = out.get(p.outcome, 0) + 1
         return out
 
-    def raise_for_status(self) -> None:
-        """RebaseConflict when stopped on a conflict; TestsFailed when --test failed."""
+    def error(self) -> SmlaError | None:
+        """RebaseConflict when stopped on a conflict; TestsFailed when --test failed; else None."""
         if self.status == "conflict":
             stopped = next(p for p in self.patches if p.outcome == CONFLICT)
-            raise RebaseConflict(
+            return RebaseConflict(
                 f"rebase stopped: patch {stopped.name} conflicts in {', '.join(stopped.files) or '?'}",
                 hint=resolve_hint(Path(self.tree)),
             )
         if self.tests is not None and not self.tests["passed"]:
-            raise TestsFailed(
+            return TestsFailed(
                 f"the rebase succeeded, but the CPU suite failed against {self.tree} "
                 f"(exit {self.tests['returncode']})",
                 hint="see the test output above / in the report; fix the series in the tree and `smla export`",
             )
+        return None
+
+    def raise_for_status(self) -> None:
+        err = self.error()
+        if err is not None:
+            raise err
 
 
 def resolve_hint(tree: Path) -> str:

@@ -2,7 +2,8 @@
 
 <tree>/.git/smla-rebase/ holds `state.json` (target, the original branch,
 HEAD, base tag and `smla.*` config, the old pin's values, per-patch
-outcomes, the index of the stopped patch and HEAD at the stop), `pin.txt`
+outcomes, the index of the patch in flight (`next`) and the commit it started from (`at`), HEAD at a
+conflict stop), `pin.txt`
 (the old pin file, bytes) and `patches/` (a byte copy of every file of the
 old patches/). The replay reads the patches from that copy, so editing
 patches/ meanwhile cannot change what gets replayed, and `--abort` puts the
