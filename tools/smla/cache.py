@@ -44,6 +44,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from smla import nospace
 from smla.errors import ChecksumError, FetchError, FilesystemError
 from smla.fsutil import sha256_file
 
@@ -333,7 +334,13 @@ def _stream(url: str, out, digest, label: str, quiet: bool) -> None:
                     progress.advance(task, len(chunk))
     except FetchError:
         raise
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except OSError as exc:
+        full = nospace.from_oserror(exc, downloads_dir(), f"downloading {label}")
+        if full is not None:
+            raise full from exc
+        raise FetchError(f"download of {label} failed: {_redact_text(str(exc), url)}",
+                         hint="run the command again") from exc
+    except (urllib.error.URLError, ValueError) as exc:
         raise FetchError(f"download of {label} failed: {_redact_text(str(exc), url)}",
                          hint="run the command again") from exc
     except Exception as exc:  # http.client.IncompleteRead and friends

@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from smla import nospace
 from smla.errors import CommandError
 
 log = logging.getLogger("smla.proc")
@@ -109,11 +110,26 @@ def run(
     if proc.returncode != 0:
         log.debug("exit %d; stderr: %s", proc.returncode, proc.stderr.strip())
         if check:
+            full = nospace.from_output(Path(args[0]).name, proc.stderr + proc.stdout, Path(cwd or "."))
+            if full is not None:  # a full disk (git: thousands of `unable to write file` lines)
+                raise full
             raise CommandError(
                 f"command failed (exit {proc.returncode}): {shlex.join(args)}\n"
-                f"{proc.stderr.strip() or proc.stdout.strip()}"
+                f"{_tail(proc.stderr.strip() or proc.stdout.strip())}"
             )
     return proc
+
+
+MAX_ERROR_LINES = 20
+
+
+def _tail(text: str) -> str:
+    """The last MAX_ERROR_LINES lines of a command's output (-vv logs all of it)."""
+    lines = text.splitlines()
+    if len(lines) <= MAX_ERROR_LINES:
+        return text
+    return "\n".join([f"[{len(lines) - MAX_ERROR_LINES} earlier lines left out; -vv shows them]",
+                      *lines[-MAX_ERROR_LINES:]])
 
 
 def git(
