@@ -29,7 +29,10 @@ help:
 	@echo "make explain MODEL=glm-5 CAP=12.0 [DTYPE=float16] [TREE=pristine|PATH]  why vLLM picks that attention backend"
 	@echo "make clean        remove the work tree (refused while it holds unexported work; ARGS=--discard), dist/ and the virtualenv"
 
+# tools/venv_check.py first: a PY the toolkit refuses stops here (not after a minute of installs),
+# and a .venv made from a refused or another Python is removed to be made again from PY.
 $(STAMP): $(REQS) pyproject.toml
+	@$(PY) tools/venv_check.py "$(PY)" $(VENV) $(MAKECMDGOALS)
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(addprefix -r ,$(REQS))
