@@ -13,7 +13,6 @@ unless `force`, and refuses to drop a listed patch no commit carries unless
 """
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +48,7 @@ def render(tree: Path) -> dict[str, bytes]:
             f"nothing to export: no commits above {BASE_TAG} in {tree}",
             hint="commit your changes in the work tree first (one commit per concern)",
         )
-    with tempfile.TemporaryDirectory() as tmp:
+    with proc.git_tmpdir(tree) as tmp:
         proc.git(tree, *FORMAT_PATCH_ARGS, "-o", tmp, f"{BASE_TAG}..HEAD")
         files = sorted(Path(tmp).glob("*.patch"))
         return {f.name: f.read_bytes() for f in files}

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,7 +81,7 @@ FORMAT_PATCH_ARGS = (
 
 def render_commit(tree: Path, commit: str) -> bytes:
     """The bytes `smla export` writes for `commit` (b'' for an empty commit)."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with proc.git_tmpdir(tree) as tmp:
         proc.git(tree, *FORMAT_PATCH_ARGS, "-o", tmp, "-1", commit)
         files = sorted(Path(tmp).glob("*.patch"))
         return files[0].read_bytes() if files else b""
@@ -331,8 +330,8 @@ def upstream_in_base(tree: Path, base: str, patches: list[Patch]) -> set[str]:
     if not patches:
         return set()
     found = set()
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+    with proc.git_tmpdir(tree) as tmp:
+        env = {"GIT_INDEX_FILE": str(tmp / "index")}
         proc.git(tree, "read-tree", base, env=env)
         for p in patches:
             res = proc.git(tree, "apply", "--cached", "--check", "-R", "--", p.path.resolve(), env=env, check=False)
