@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 import unidiff
 
-from smla.errors import SeriesError
+from smla.errors import SeriesError, cmd
 from smla.fsutil import atomic_write_text, content_lines
 
 SERIES_FILE = "series"
@@ -118,6 +118,13 @@ def parse_patch(path: Path) -> Patch:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SeriesError(f"{path.name}: not UTF-8 text ({exc})") from exc
+    if re.search(r"^diff --git [^\n]*\r$", text, re.M):  # never in a diff git writes: converted endings
+        raise SeriesError(
+            f"{path}: its lines end in CRLF (\\r\\n), not LF: the file's line endings were converted, "
+            "e.g. by a checkout with core.autocrlf=true",
+            hint=f"check it out again without conversion ({cmd('git', '-C', path.parent, 'checkout', '--', path.name)}; "
+                 "the repository's .gitattributes keeps patches LF), or convert an edited copy back to LF",
+        )
     diff_at = _diff_start(text)
     if diff_at < 0:
         raise SeriesError(f"{path.name}: no diff found (expected `diff --git` lines)")
