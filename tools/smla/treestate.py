@@ -57,7 +57,7 @@ from smla import proc
 from smla.errors import SmlaError, TreeStateError, cmd
 from smla.fsutil import atomic_write_text
 from smla.series import Patch, Series
-from smla.treeinfo import BASE_TAG, base_commit, commits_above_base, dirty_files, git_path, read_tree_info
+from smla.treeinfo import BASE_TAG, base_commit, commit_all, commits_above_base, dirty_files, git_path, read_tree_info
 
 RECORD_VERSION = 1
 IN_SYNC = "in-sync"
@@ -222,7 +222,7 @@ class State:
                        else f"{cmd('smla', 'apply')} applies {', '.join(self.pending)}")
             return " ".join(out)
         if self.uncommitted:
-            out.append(f"commit the uncommitted changes ({cmd('git', '-C', t, 'commit', '-a')}), then "
+            out.append(f"commit the uncommitted changes ({commit_all(t)}), then "
                        f"{cmd('smla', 'export')}")
         elif self.inexact and len(self.inexact) == len(self.edited):
             out.append(f"{cmd('smla', 'export')} rewrites {', '.join(self.inexact)} from the commits they made "
