@@ -10,7 +10,6 @@ are removed), and an OSError nothing else caught becomes FilesystemError (15).
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import logging
 import signal
@@ -19,14 +18,13 @@ from pathlib import Path
 
 import click
 
-from smla import __version__, cache, lock, report, series
+from smla import __version__, cache, lock, nospace, report, series
 from smla import apply as apply_mod
 from smla import clean as clean_mod
 from smla import export as export_mod
 from smla import fetch as fetch_mod
 from smla import status as status_mod
-from smla.errors import FilesystemError, Interrupted, NotInSync, SmlaError, UsageError, cmd
-from smla.fsutil import file_in_the_way
+from smla.errors import Interrupted, NotInSync, SmlaError, UsageError, cmd
 from smla.project import TREE_ENV, Project
 
 # The signal that stopped the run (SIGINT for Ctrl-C, SIGTERM): its exit code is 128 + it.
@@ -56,14 +54,7 @@ def _as_smla_error(exc: BaseException) -> SmlaError:
         err.exit_code = 128 + int(sig)
         return err
     if isinstance(exc, OSError):
-        blocker = file_in_the_way(Path(exc.filename)) if exc.filename and exc.errno in (
-            errno.EEXIST, errno.ENOTDIR) else None
-        if blocker is not None:  # e.g. a file named `work` where the work tree's directory goes
-            return FilesystemError(f"{blocker} is a file, where a directory belongs ({exc.strerror}: {exc.filename})",
-                                   hint=f"move that file away ({cmd('mv', blocker, f'{blocker}.old')}), or pass another "
-                                        "--tree / SMLA_CACHE_DIR")
-        where = f": {exc.filename}" if exc.filename else ""
-        return FilesystemError(f"{exc.strerror or exc}{where}")
+        return nospace.describe(exc)
     raise exc
 
 

@@ -1,5 +1,6 @@
 """Telling a full disk from other failures, wherever the toolkit writes (unpacking an sdist, git
-checking out thousands of files, a download), so the error says so and names the filesystem.
+checking out thousands of files, a download), so the error says so and names the filesystem; and
+(`describe`, for the CLI's edge) a file sitting where a directory belongs.
 
 git's checkout reports a full disk as one `error: unable to write file <path>` line per file and
 never names the cause; Python raises OSError with errno ENOSPC (or EDQUOT for a full quota).
@@ -12,7 +13,8 @@ import re
 import shutil
 from pathlib import Path
 
-from smla.errors import FilesystemError
+from smla.errors import FilesystemError, cmd
+from smla.fsutil import file_in_the_way
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _NAMED = ("No space left on device", "Disk quota exceeded")
@@ -62,3 +64,17 @@ def from_output(program: str, text: str, where: Path) -> FilesystemError | None:
         hint=f"check the permissions and free space there (`df -h '{Path(where).absolute()}'`), then run "
              "the command again",
     )
+
+
+def describe(exc: OSError) -> FilesystemError:
+    """The FilesystemError the CLI's edge reports for an OSError nothing else caught."""
+    where = Path(exc.filename) if exc.filename else Path(".")
+    full = from_oserror(exc, where, f"writing {exc.filename or 'a file'}")
+    if full is not None:
+        return full
+    blocker = file_in_the_way(where) if exc.filename and exc.errno in (errno.EEXIST, errno.ENOTDIR) else None
+    if blocker is not None:  # e.g. a file named `work` where the work tree's directory goes
+        return FilesystemError(f"{blocker} is a file, where a directory belongs ({exc.strerror}: {exc.filename})",
+                               hint=f"move that file away ({cmd('mv', blocker, f'{blocker}.old')}), or pass another "
+                                    "--tree / SMLA_CACHE_DIR")
+    return FilesystemError(f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""))
