@@ -529,6 +529,7 @@ def test_profiles_with_summed_durations_are_marked():
     assert "[1]" not in report.markdown(res)
 
 
+@pytest.mark.slow  # long CPU work: two matplotlib renders
 def test_the_plot_is_a_deterministic_png(tmp_path):
     pytest.importorskip("matplotlib")
     a = report.plot(_fixture(), tmp_path / "a.png").read_bytes()
@@ -538,6 +539,7 @@ def test_the_plot_is_a_deterministic_png(tmp_path):
     assert (width, height) == (1680, 700)
 
 
+@pytest.mark.slow  # long CPU work: report.py renders the plot in a child process
 def test_the_report_cli_writes_json_table_and_plot(fake, tmp_path):
     pytest.importorskip("matplotlib")
     assert _run(fake) == bench_serving.EXIT_OK
