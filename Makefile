@@ -14,7 +14,7 @@ PYTEST   := $(BIN)/python -m pytest
 help:
 	@echo "make patch        fetch the pinned vLLM and apply patches/series (tree: work/vllm)"
 	@echo "make test         CPU test suite, complete (runs make patch first)"
-	@echo "make test-fast    the toolkit's tests alone, under a minute: no vLLM tree, kernels or compile matrix"
+	@echo "make test-fast    the toolkit's tests alone, ~45 s of CPU: no vLLM tree, kernels or compile matrix"
 	@echo "make docs         rewrite the docs' transcripts and generated tables from real output"
 	@echo "make test-gpu     GPU tests on your CUDA machine: the wheel (WHEEL=path or dist/) in .venv-gpu, pytest -m gpu"
 	@echo "make status       where the work tree stands"
