@@ -9,6 +9,7 @@ rebase ends. Also: `git am --abort` at a stop must not drop the patch silently.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -158,3 +159,25 @@ def test_am_abort_at_a_stop_does_not_drop_the_patch(rebase_world):
     done = smla(world, "--continue", "--json")
     assert done.exit_code == 0, done.output
     assert outcomes(json.loads(done.stdout))["Patch e"] == "skipped"
+
+
+def test_a_killed_gits_index_lock_is_named_with_the_command_that_removes_it(rebase_world, monkeypatch):
+    world = rebase_world
+    real = replay.replay_one
+
+    def then_killed(tree, patch, out):
+        real(tree, patch, out)
+        if out.subject.startswith("Patch b"):
+            (tree / ".git" / "index.lock").write_text("")  # what a git killed with SIGKILL leaves
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(replay, "replay_one", then_killed)
+    assert smla(world, "--onto", world["c1"], "--source", str(world["up"])).exit_code == 130
+    monkeypatch.setattr(replay, "replay_one", real)
+    res = smla(world, "--continue")
+    # old code: `git rev-list --count None..HEAD` (exit 12); a raw git "index.lock exists" error otherwise
+    assert res.exit_code == 7 and "index.lock" in res.output, res.output
+    rm = res.output.split("hint:", 1)[1].split("`")[1].split()
+    assert rm[0] == "rm"
+    Path(rm[1]).unlink()
+    finished_like_a_clean_rebase(world, smla(world, "--continue", "--json"))

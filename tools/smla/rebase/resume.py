@@ -60,6 +60,13 @@ def rewind(tree: Path, state: dict) -> str:
             f"the rebase in {tree} was interrupted, and its state does not say where patch {i + 1} began",
             hint=f"undo it with {cmd('smla', 'rebase', '--abort')} and start it again",
         )
+    lock = treeinfo.git_path(tree, "index.lock")
+    if lock.exists():  # a git command killed with the rebase (SIGKILL) leaves it; git refuses to go on
+        raise TreeStateError(
+            f"the rebase in {tree} was interrupted while git held its index lock, and {lock} is left behind",
+            hint=f"if no git command is running in that tree, remove it ({cmd('rm', lock)}), then "
+                 f"{cmd('smla', 'rebase', '--continue')}",
+        )
     branch = proc.git(tree, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip()
     starting = i == 0 and at == state["new_base"] and branch != WORK_BRANCH  # the first checkout
     if state_mod.am_in_progress(tree):
