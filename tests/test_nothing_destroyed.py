@@ -123,7 +123,8 @@ def test_unlisted_patch_is_named_and_never_deleted(series_project):
     st = run("status", *args)
     assert st.exit_code == SeriesError.exit_code
     assert "0004-colleague-s-fix.patch" in st.output
-    assert "smla export" not in st.output.split("hint:", 1)[1]  # old code: "regenerate both with `smla export`"
+    hint = st.output.split("hint:", 1)[1]
+    assert "regenerate" not in hint and "0004-colleague-s-fix.patch" in hint  # old code: "regenerate both with `smla export`"
     for extra in ((), ("--force",), ("--prune",)):
         res = run("export", *args, *extra)
         assert res.exit_code == ExportError.exit_code, res.output  # old code: 0, the file deleted
@@ -303,5 +304,28 @@ def test_printed_undo_of_a_finished_rebase_works(rebase_world, monkeypatch):
             assert out.exit_code == 0, (c, out.output)
         else:
             subprocess.run(words, check=True, capture_output=True, env={**os.environ})
+    assert {"vllm-pin.txt": (root / "vllm-pin.txt").read_bytes(), **snapshot(root / "patches")} == before
+    assert run("status", "--check").exit_code == 0
+
+
+def test_printed_undo_works_without_git_too(rebase_world, monkeypatch):
+    """The toolkit checkout is no git repository (or patches/ were not committed): the undo the text
+    report prints copies the rebase's backup back."""
+    w = rebase_world
+    root = w["root"]
+    before = {"vllm-pin.txt": (root / "vllm-pin.txt").read_bytes(), **snapshot(root / "patches")}
+    res = rebase(w, "--onto", w["c1"])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("undo: "))
+    undo = re.findall(r"`([^`]+)`", line)
+    assert shlex.split(undo[0])[0] == "cp"
+    monkeypatch.chdir(root)
+    for c in undo:
+        words = shlex.split(c)
+        if words[0] == "smla":
+            out = run(*words[1:])
+            assert out.exit_code == 0, (c, out.output)
+        else:
+            subprocess.run(words, check=True, capture_output=True)
     assert {"vllm-pin.txt": (root / "vllm-pin.txt").read_bytes(), **snapshot(root / "patches")} == before
     assert run("status", "--check").exit_code == 0
