@@ -82,6 +82,17 @@ def test_clean_discard_through_smla_tree_is_refused_too(series_project, tmp_path
     assert (mine / "vllm/mine.py").is_file()
 
 
+def test_make_clean_goes_through_the_guard_for_its_own_tree_only():
+    """`make clean` cleans work/vllm through `smla clean` (not whatever $SMLA_TREE names, while work/
+    goes unguarded) and removes work/ only when nothing else is left in it."""
+    from gitfixtures import REPO_ROOT
+
+    text = (REPO_ROOT / "Makefile").read_text()
+    recipe = text.split("\nclean:", 1)[1].split("\n\n", 1)[0]
+    assert "$(SMLA) clean --tree work/vllm $(ARGS)" in recipe  # old code: `$(SMLA) clean`, then `rm -rf work`
+    assert "rm -rf work" not in recipe and "rmdir work" in recipe
+
+
 def test_clean_discard_still_removes_work_trees(series_project):
     """--discard keeps its meaning for a real work tree: unexported work, a lost base tag."""
     root, tree = applied(series_project)
@@ -194,6 +205,8 @@ def test_apply_and_export_refuse_a_tree_not_at_the_pin(series_project, command):
     res = run(command, *args)
     assert res.exit_code == TreeStateError.exit_code, res.output  # old code: 0
     assert "9.9.10" in res.output and "9.9.9" in res.output
+    st = json.loads(run("status", "--json", *args).stdout)  # status gives the same way out
+    assert st["hint"].endswith(res.output.split("hint: ", 1)[1].strip())
     assert snapshot(root / "patches") == before and proc.git_out(tree, "rev-parse", "HEAD") == head
     # the hint works when followed
     for c in hint_commands(res.output):

@@ -365,8 +365,17 @@ def require_at_pin(pin: Pin, tree: Path, what: str, error: type[SmlaError] = Tre
     pin belong together: applying or exporting the series on another base writes the wrong thing),
     with the way out: rebuild the tree at the pin, saving its unexported work first when it has any."""
     info = require_tree(tree, during_rebase=during_rebase)
+    err = pin_mismatch(pin, info, what, error)
+    if err is not None:
+        raise err
+    return info
+
+
+def pin_mismatch(pin: Pin, info: TreeInfo, what: str, error: type[SmlaError] = TreeStateError) -> SmlaError | None:
+    """require_at_pin's error (None when the tree is at the pin): `status` shows its hint."""
     if info.upstream_commit == pin.commit:
-        return info
+        return None
+    tree = info.path
     t = str(tree)
     rebuild = f"{cmd('smla', 'fetch', '--force')}, then {cmd('smla', 'apply')}"
     if _unexported(tree):
@@ -378,8 +387,8 @@ def require_at_pin(pin: Pin, tree: Path, what: str, error: type[SmlaError] = Tre
                 f"`git -C {shlex.quote(t)} am -3 {shlex.quote(saved)}/*.patch`, then {cmd('smla', 'export')}")
     else:
         hint = f"rebuild the tree at the pin (it holds no work that patches/ lacks): {rebuild}"
-    raise error(f"cannot {what}: work tree {tree} holds vLLM {info.version} ({info.upstream_commit[:12]}), "
-                f"but the pin is {pin.version} ({pin.commit_label()}), and patches/ go with the pin", hint=hint)
+    return error(f"cannot {what}: work tree {tree} holds vLLM {info.version} ({info.upstream_commit[:12]}), "
+                 f"but the pin is {pin.version} ({pin.commit_label()}), and patches/ go with the pin", hint=hint)
 
 
 def _unexported(tree: Path) -> bool:
