@@ -171,6 +171,8 @@ def test_unparseable_hand_edit_is_protected_like_a_valid_one(series_project, edi
     first.write_bytes(edited)
     with pytest.raises(SeriesError):
         series.load(root / "patches")
+    st = run("status", "--root", str(root), "--tree", str(tree))
+    assert st.exit_code == SeriesError.exit_code and "`smla export --force`" in st.output  # not plain export
     res = run("export", "--root", str(root), "--tree", str(tree))
     assert res.exit_code == ExportError.exit_code, res.output  # old code: 0, the edit overwritten
     assert first.read_bytes() == edited
@@ -342,3 +344,27 @@ def test_printed_undo_works_without_git_too(rebase_world, monkeypatch):
             subprocess.run(words, check=True, capture_output=True)
     assert {"vllm-pin.txt": (root / "vllm-pin.txt").read_bytes(), **snapshot(root / "patches")} == before
     assert run("status", "--check").exit_code == 0
+
+
+def test_finishing_rebase_keeps_what_was_made_in_patches_during_the_stop(rebase_world):
+    """--continue that finishes: a file made or edited in patches/ during the stop is moved aside and
+    named before the export, never deleted or overwritten."""
+    from gitfixtures import LINES, edit_lines, write_lines
+
+    w = rebase_world
+    root, tree = w["root"], w["tree"]
+    assert rebase(w, "--onto", w["c2"]).exit_code == 11
+    mine = root / "patches" / "0004-my-own.patch"  # the export will write a 0004 of its own
+    mine.write_text("my patch\n")
+    edited = sorted((root / "patches").glob("0001-*.patch"))[0]
+    edited_bytes = edited.read_bytes() + b"\n"
+    edited.write_bytes(edited_bytes)
+    write_lines(tree, "e.py", edit_lines(LINES, l30="E patched on top of upstream"))
+    proc.git(tree, "add", "--", "e.py")
+    res = rebase(w, "--continue", "--json")
+    assert res.exit_code == 0, res.output  # old code: 0, both gone
+    data = json.loads(res.stdout)
+    assert (root / "patches" / "0004-my-own.patch.smla-kept").read_text() == "my patch\n"
+    assert (root / "patches" / f"{edited.name}.smla-kept").read_bytes() == edited_bytes
+    assert any("0004-my-own.patch" in k for k in data["kept"]) and any(edited.name in k for k in data["kept"])
+    assert run("--root", str(root), "--tree", str(tree), "status", "--check").exit_code == 0

@@ -19,10 +19,9 @@ never deleted. Afterwards the tree's record says it equals patches/.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from collections.abc import Collection
 
 from smla import keep, lock, proc, treestate
 from smla.errors import ExportError, SeriesError, TreeStateError, cmd
@@ -169,7 +168,8 @@ def _check_only_own_files(tree: Path, patches_dir: Path, rendered: dict[str, byt
                 + ("it" if len(theirs) == 1 else "them") + f" out of {patches_dir}; then {cmd('smla', 'export')}")
     else:
         hint = (f"keep your edit: fix {', '.join(bad)} so that it loads ({cmd('smla', 'status')} says what is "
-                f"wrong) and {cmd('smla', 'apply')} it; or restore it ({cmd('git', 'checkout', '--', *bad)}); "
+                f"wrong) and {cmd('smla', 'apply')} it; or restore it "
+                f"({cmd('git', '-C', patches_dir, 'checkout', '--', *bad)}); "
                 f"or overwrite it with the tree's commits: {cmd('smla', 'export', '--force')}")
     keep.refuse_unknown(patches_dir, plan, own, forced=listed if force else (), what="export",
                         error=ExportError, hint=hint)
