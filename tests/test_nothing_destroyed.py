@@ -368,3 +368,24 @@ def test_finishing_rebase_keeps_what_was_made_in_patches_during_the_stop(rebase_
     assert (root / "patches" / f"{edited.name}.smla-kept").read_bytes() == edited_bytes
     assert any("0004-my-own.patch" in k for k in data["kept"]) and any(edited.name in k for k in data["kept"])
     assert run("--root", str(root), "--tree", str(tree), "status", "--check").exit_code == 0
+
+
+def test_abort_moves_aside_an_untracked_file_the_original_branch_tracks(tmp_path):
+    """Checking out the original branch (`checkout -f`) would overwrite an untracked file where that
+    branch has one: abort moves it aside first and names it; other untracked files stay."""
+    from smla import rebase as rebase_mod
+
+    repo = tmp_path / "t"
+    repo.mkdir()
+    proc.git(repo, "init", "-q")
+    commit_change(repo, {"x.py": "tracked\n", "d/y.py": "tracked\n"}, "base")
+    head = proc.git_out(repo, "rev-parse", "HEAD")
+    proc.git(repo, "rm", "-q", "-r", "--cached", "--", "x.py", "d")
+    proc.git(repo, "commit", "-q", "-m", "where the replay stands")
+    (repo / "x.py").write_text("mine\n")
+    (repo / "notes.txt").write_text("notes\n")
+    kept = rebase_mod._keep_untracked(repo, head)
+    assert (repo / "x.py.smla-kept").read_text() == "mine\n" and not (repo / "x.py").exists()
+    assert (repo / "notes.txt").read_text() == "notes\n"
+    assert (repo / "d/y.py.smla-kept").is_file()
+    assert len(kept) == 3 and any("x.py.smla-kept" in k for k in kept)
