@@ -135,7 +135,8 @@ def test_unlisted_patch_is_named_and_never_deleted(series_project):
     assert st.exit_code == SeriesError.exit_code
     assert "0004-colleague-s-fix.patch" in st.output
     hint = st.output.split("hint:", 1)[1]
-    assert "regenerate" not in hint and "0004-colleague-s-fix.patch" in hint  # old code: "regenerate both with `smla export`"
+    # old code: "regenerate both with `smla export`", and export deleted it
+    assert "regenerate" not in hint and "0004-colleague-s-fix.patch" in hint
     for extra in ((), ("--force",), ("--prune",)):
         res = run("export", *args, *extra)
         assert res.exit_code == ExportError.exit_code, res.output  # old code: 0, the file deleted

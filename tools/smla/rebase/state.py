@@ -123,9 +123,10 @@ def keep_for_undo(tree: Path) -> Path:
 
 def undo_commands(root: Path, pin_file: Path, patches_dir: Path, undo: Path, before: list[str],
                   after: list[str], smla_args: list[str]) -> list[str]:
-    """The commands that put the pin file and patches/ back as before a finished rebase (`before`: the
-    backed-up names; `after`: the files it exported) and rebuild the tree at the old pin (plain shell commands). From git
-    when the backup is what the toolkit checkout's HEAD holds, else from the kept copy `undo`."""
+    """The commands (plain shell) that put the pin file and patches/ back as before a finished rebase
+    (`before`: the backed-up names; `after`: the files it exported) and rebuild the tree at the old
+    pin. From git when the backup is what the toolkit checkout's HEAD holds, else from the kept copy
+    `undo`."""
     made = sorted(set(after) - set(before))
     remove = [_sh("rm", "-f", "--", *(patches_dir / n for n in made))] if made else []
     rebuild = [_sh("smla", *smla_args, "fetch", "--force"), _sh("smla", *smla_args, "apply")]
