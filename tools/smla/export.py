@@ -167,10 +167,12 @@ def _check_only_own_files(tree: Path, patches_dir: Path, rendered: dict[str, byt
         hint = (f"list {', '.join(theirs)} in {patches_dir}/series and run {cmd('smla', 'apply')}, or move "
                 + ("it" if len(theirs) == 1 else "them") + f" out of {patches_dir}; then {cmd('smla', 'export')}")
     else:
-        hint = (f"keep your edit: fix {', '.join(bad)} so that it loads ({cmd('smla', 'status')} says what is "
-                f"wrong) and {cmd('smla', 'apply')} it; or restore it "
-                f"({cmd('git', '-C', patches_dir, 'checkout', '--', *bad)}); "
-                f"or overwrite it with the tree's commits: {cmd('smla', 'export', '--force')}")
+        them = "it" if len(bad) == 1 else "them"
+        do = "does" if len(bad) == 1 else "do"
+        hint = (f"to keep {them}, make {them} load if {them} {do} not ({cmd('smla', 'status')} says what is wrong) and "
+                f"{cmd('smla', 'apply')}; to restore the committed {'file' if len(bad) == 1 else 'files'}, "
+                f"{cmd('git', '-C', patches_dir, 'checkout', '--', *bad)}; to overwrite {them} with the tree's "
+                f"commits, {cmd('smla', 'export', '--force')}")
     keep.refuse_unknown(patches_dir, plan, own, forced=listed if force else (), what="export",
                         error=ExportError, hint=hint)
 
