@@ -183,6 +183,22 @@ def test_unparseable_hand_edit_is_protected_like_a_valid_one(series_project, edi
     assert first.read_bytes() != edited
 
 
+def test_restore_hint_for_a_hand_edit_works(series_project):
+    root, tree = applied(series_project)
+    proc.git(root, "init", "-q")
+    proc.git(root, "add", "-A")
+    proc.git(root, "commit", "-q", "-m", "the series")
+    first = sorted((root / "patches").glob("0002-*.patch"))[0]
+    committed = first.read_bytes()
+    first.write_bytes(_latin1_message(committed))
+    res = run("export", "--root", str(root), "--tree", str(tree))
+    assert res.exit_code == ExportError.exit_code, res.output
+    restore = next(shlex.split(c) for c in hint_commands(res.output) if c.startswith("git "))
+    subprocess.run(restore, check=True, capture_output=True)
+    assert first.read_bytes() == committed
+    assert run("status", "--check", "--root", str(root), "--tree", str(tree)).exit_code == 0
+
+
 # ----------------------------------------------------------------- 4. a pull that moves the pin
 
 
