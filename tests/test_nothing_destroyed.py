@@ -236,6 +236,27 @@ def test_apply_and_export_refuse_a_tree_not_at_the_pin(series_project, command):
     assert run("status", "--check", *args).exit_code == 0
 
 
+def test_moved_pin_hint_saves_unexported_work(series_project):
+    """A tree not at the pin that holds work not in patches/: the hint saves its commits, rebuilds
+    the tree at the pin and carries them over; followed step by step, nothing is lost."""
+    root, tree = applied(series_project)
+    commit_change(tree, {"vllm/mine.py": "mine = 1\n"}, "My unexported work")
+    _move_pin(root, Path(series_project[2].repo))
+    args = ("--root", str(root), "--tree", str(tree))
+    res = run("export", *args)
+    assert res.exit_code == TreeStateError.exit_code, res.output
+    for c in hint_commands(res.output):
+        words = shlex.split(c)
+        if words[0] == "smla":
+            out = run(*words[1:], *args)
+            assert out.exit_code == 0, (c, out.output)
+        else:  # git; the last one carries a glob, as a shell would run it
+            subprocess.run(["bash", "-c", c], check=True, capture_output=True)
+    assert (tree / "vllm/mine.py").read_text() == "mine = 1\n"
+    assert any("My-unexported-work" in p.name for p in (root / "patches").glob("*.patch"))
+    assert run("status", "--check", *args).exit_code == 0
+
+
 # ----------------------------------------------------------------- 6. commits export cannot write
 
 
