@@ -106,9 +106,11 @@ explain: patch
 
 # The work tree goes through `smla clean`, which refuses while the tree holds work not in
 # patches/ (make clean ARGS=--discard throws it away); only then dist/ and the venv.
+# work/vllm only (not $SMLA_TREE), through smla's guard; work/ goes only when nothing else is left in it.
 clean:
-	@if [ -e work/vllm ]; then $(MAKE) --no-print-directory venv && $(SMLA) clean $(ARGS); fi
-	rm -rf work dist $(VENV)
+	@if [ -e work/vllm ]; then $(MAKE) --no-print-directory venv && $(SMLA) clean --tree work/vllm $(ARGS); fi
+	rm -rf dist $(VENV)
+	@if [ -d work ] && ! rmdir work 2>/dev/null; then echo "kept work/: it holds what make patch did not make: $$(ls -A work | head -5 | tr '\n' ' ')"; fi
 
 # ---- End to end through vllm.LLM on a GPU (tests/e2e/README.md) ----
 # test-e2e: on your CUDA machine, the wheel installed as for test-gpu, then ours vs the reference

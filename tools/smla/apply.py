@@ -32,6 +32,7 @@ from pathlib import Path
 
 from smla import lock, proc, treestate
 from smla.errors import ApplyError, TreeStateError, cmd
+from smla.pin import Pin
 from smla.series import Patch, Series, check_no_symlinks
 from smla.gitapply import failed_hunks, hunk_offsets, reverse_applies
 from smla.treeinfo import ALREADY, APPLIED, PENDING, UPSTREAM, commit_all, dirty_files, require_tree
@@ -76,13 +77,15 @@ class ApplyResult:
         }
 
 
-def apply_series(series: Series, tree: Path, *, force: bool = False, fuzz: int = 0, echo=print) -> ApplyResult:
+def apply_series(series: Series, tree: Path, *, force: bool = False, fuzz: int = 0, echo=print,
+                 pin: Pin | None = None) -> ApplyResult:
+    """Apply `series` (see the module doc); `pin`: refuse a tree whose base is not the pin's."""
     with lock.hold(tree):
-        return _apply_locked(series, tree, force=force, fuzz=fuzz, echo=echo)
+        return _apply_locked(series, tree, force=force, fuzz=fuzz, echo=echo, pin=pin)
 
 
-def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -> ApplyResult:
-    info = require_tree(tree)
+def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo, pin: Pin | None) -> ApplyResult:
+    info = require_tree(tree) if pin is None else treestate.require_at_pin(pin, tree, "apply patches/")
     proc.sweep_scratch(tree)  # what a killed earlier run left beside the tree
     dirty = dirty_files(tree)
     check_no_symlinks(series, tree)

@@ -237,10 +237,10 @@ def apply_cmd(c: Ctx, force, fuzz, as_json):
     was built (and the tree holds no unexported commits), the patch commits
     are rebuilt from the base and the changed patches are named.
     """
-    c.project.pin()  # a broken pin is an error for every command, not only for fetch
+    pin = c.project.pin()  # a broken pin is an error for every command, not only for fetch
     s = _series(c)
     echo = (lambda *_: None) if as_json else click.echo
-    result = apply_mod.apply_series(s, c.tree, force=force, fuzz=fuzz, echo=echo)
+    result = apply_mod.apply_series(s, c.tree, force=force, fuzz=fuzz, echo=echo, pin=pin)
     if as_json:
         click.echo(report.to_json(result.to_dict()), nl=False)
     elif result.changed:
@@ -298,8 +298,8 @@ def status(c: Ctx, as_json, check):
 @_locked
 def export(c: Ctx, allow_dirty, prune, force, as_json):
     """Regenerate patches/*.patch and patches/series from the commits above the base."""
-    c.project.pin()
-    result = export_mod.export(c.tree, c.project.patches_dir, allow_dirty=allow_dirty, prune=prune, force=force)
+    result = export_mod.export(c.tree, c.project.patches_dir, allow_dirty=allow_dirty, prune=prune, force=force,
+                               pin=c.project.pin())
     data = result.to_dict()
     click.echo(report.to_json(data) if as_json else report.export_text(data), nl=False)
 

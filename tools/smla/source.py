@@ -113,14 +113,7 @@ def _check_target(pin: Pin, tree: Path, force: bool, guard) -> TreeInfo | None:
         )
     info = read_tree_info(tree)
     if info is not None and not force:
-        if info.upstream_commit == pin.commit:
-            return info
-        raise TreeStateError(
-            f"work tree {tree} holds vLLM {info.version} ({info.upstream_commit[:12]}), "
-            f"but the pin is {pin.version} ({pin.short})",
-            hint=f"run {cmd('smla', 'fetch', '--force')} to replace it (refused while it holds unexported work), "
-                 f"or {cmd('smla', 'rebase', '--onto', pin.version)} to move the series",
-        )
+        return treestate.require_at_pin(pin, tree, "fetch the pinned vLLM into it")
     lost = lost_base_tag(tree) if info is None else None
     if lost is not None and not (force and guard is None):  # --force --discard replaces it
         raise lost

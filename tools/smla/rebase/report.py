@@ -66,6 +66,8 @@ class RebaseResult:
     range_diff: str = ""  # `git range-diff` old series vs new series (what the rebase changed in each patch)
     report_dir: str | None = None  # remembered from --onto, so --continue/--abort report there too
     report_name: str | None = None
+    kept: list[str] = field(default_factory=list)  # what was made or edited during a stop, kept (and where)
+    undo: list[str] = field(default_factory=list)  # a finished rebase: the commands that undo it, in order
 
     def to_dict(self) -> dict:
         return {
@@ -83,6 +85,8 @@ class RebaseResult:
             "tests": self.tests,
             "stops": self.stops,
             "range_diff": self.range_diff,
+            "kept": self.kept,
+            "undo": self.undo,
         }
 
     def counts(self) -> dict:
@@ -126,7 +130,8 @@ def text(r: RebaseResult) -> str:
     old, new = d["old_base"], d["new_base"]
     if r.status == "aborted":
         return (f"rebase onto {r.target['spec']} aborted: {r.tree} is back at {_label(old, None)} "
-                "with its original branch; pin file and patches/ restored byte for byte\n")
+                "with its original branch; pin file and patches/ restored byte for byte\n"
+                + "".join(f"kept: {k}\n" for k in r.kept))
     lines = [f"rebase {r.status}: {_label(old, None)} -> {_label(new, r.target)} in {r.tree}"]
     for p in r.patches:
         extra = []
@@ -151,6 +156,9 @@ def text(r: RebaseResult) -> str:
                                           for k, v in r.pin_after.items() if r.pin_before.get(k) != v))
     if r.tests:
         lines.append(f"tests: {'passed' if r.tests['passed'] else 'FAILED'} ({r.tests['command']})")
+    lines += [f"kept: {k}" for k in r.kept]
+    if r.undo:
+        lines.append("undo: " + ", then ".join(f"`{c}`" for c in r.undo))
     return "\n".join(lines) + "\n"
 
 

@@ -61,8 +61,8 @@ def older_than(target: Target, pin: pin_mod.Pin) -> str | None:
     except InvalidVersion:
         return None
     return (f"vLLM {target.version} is older than the pinned {pin.version}: this moves the series "
-            f"backwards (`smla rebase --abort` undoes a stopped rebase; a finished one is undone with "
-            f"`git checkout -- vllm-pin.txt patches/` and `smla fetch --force`)")
+            f"backwards (`smla rebase --abort` undoes a stopped rebase; a finished one prints the "
+            f"commands that undo it, `undo:`)")
 
 
 def parse(onto: str, upstream_commit: str | None) -> tuple[str, str]:
