@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Print the attention, DeepSeek-V4 decode and indexer benchmark results (attention.json,
-dsv4.json, indexer.json in DIR) as short tables.  usage: python bench/summarize.py DIR"""
+"""Print the attention, host-time, DeepSeek-V4 decode and indexer benchmark results
+(attention.json, host.json, dsv4.json, indexer.json in DIR) as short tables.
+usage: python bench/summarize.py DIR"""
 from __future__ import annotations
 
 import json
@@ -28,10 +29,17 @@ def main(d: Path) -> None:
         res = json.loads(a.read_text())
         print(f"attention (copy {res['copy_tbps']:.2f} TB/s)")
         table([r for r in res["rows"] if r["call"] == "engine"],
-              ["cache", "heads", "tokens", "graph", "ours_us", "flashmla_us", "ours_vs_flashmla",
-               "before_us", "flat_us", "stride2x_us", "pct_copy_bw", "rel_err_vs_f64"])
-        table([r for r in res["rows"] if r["call"] == "host"],
-              ["cache", "heads", "host_us", "before_host_us"])
+              ["cache", "path", "heads", "tokens", "graph", "ours_us", "flashmla_us",
+               "ours_vs_flashmla", "fp8_kernel", "codes_us", "dequant_us", "pct_copy_bw",
+               "rel_err_vs_f64"])
+        table([r for r in res["rows"] if r["call"] == "sweep"],
+              ["cache", "path", "tokens", "FP8_DEQUANT", "BLOCK_H", "BLOCK_N", "num_warps",
+               "num_stages", "ours_us", "rel_err_vs_f64", "error"])
+    h = d / "host.json"
+    if h.is_file():
+        res = json.loads(h.read_text())
+        print("host time of one eager call")
+        table(res["rows"], ["call", "cache", "path", "heads", "host_us"])
     v = d / "dsv4.json"
     if v.is_file():
         res = json.loads(v.read_text())
