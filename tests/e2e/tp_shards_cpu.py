@@ -1,14 +1,15 @@
 """Run in a child process with the patched vLLM tree first on the path (test_tp_shards.py).
 
-Builds, on the CPU, the vLLM 0.26.0 layers of one tiny model's geometry (config.json of
+Builds, on the CPU, the vLLM 0.26.0 layers of each tiny model's geometry (config.json of
 tests/e2e/models/) under the parameter names the real model gives them, once per rank of
 TP 1, 2, 4 and 8 (the TP group is a stand-in that answers "rank r of N"), fills each with
 e2e_plugin.fill_model (what the `e2e_dummy` loader runs), gathers the ranks' shards by the
 layers' documented layouts (written out here, not taken from the loaders) and prints one
-JSON line: per TP size, the parameters whose gathered tensor is not the TP=1 tensor
-(`mismatch`), the TP-split parameters whose shards on ranks 0 and 1 are equal
-(`equal_shards`), which parameters were split; and whether the TP=1 values are the
-per-name draws of before (`tp1_legacy_mismatch`).
+JSON line, {model: report}. A report lists, per TP size: `mismatch`, the parameters whose
+gathered tensor is not the TP=1 tensor; `equal_shards`, the TP-split parameters whose
+shards on ranks 0 and 1 are equal; `replicas_differ`, replicated parameters that differ
+between ranks; `split`, the TP-split parameters. And `tp1_legacy_mismatch`: the TP=1
+weight matrices that are not the per-name draws of before.
 
 Layers (model file deepseek_v2.py, DeepseekV2ForCausalLM; the MTP layer has the same kinds):
 embed_tokens VocabParallelEmbedding; MLA fused_qkv_a_proj (DeepSeekV2FusedQkvAProjLinear,
@@ -21,7 +22,7 @@ bias, shared DeepseekV2MLP, FusedMoE's RoutedExperts w13 / w2); norms; ParallelL
 Stand-ins: the TP / EP / DP / PCP groups (_Group), vLLM's CPU platform as the current
 platform, and DeepseekV2MLP's SiluAndMul (it binds a compiled op; it holds no weights).
 
-usage: python tp_shards_cpu.py CONFIG_JSON [DTYPE]
+usage: python tp_shards_cpu.py DTYPE MODEL... (MODEL: a folder of tests/e2e/models/)
 """
 from __future__ import annotations
 
@@ -175,15 +176,10 @@ def _cpu_platform() -> None:
     platforms._current_platform = CpuPlatform()
 
 
-def main(argv: list[str]) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    _cpu_platform()
-    import e2e_plugin
+def check(cfg, dtype, plugin) -> dict:
+    """The report of one model geometry (see the module docstring)."""
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 
-    # the fields the layers read, as attributes (the layers use getattr with defaults)
-    cfg = types.SimpleNamespace(**json.loads(Path(argv[0]).read_text()))
-    dtype = getattr(torch, argv[1] if len(argv) > 1 else "bfloat16")
     full: dict[str, torch.Tensor] = {}
     report: dict = {"tp": {}}
     for tp in TP_SIZES:
@@ -194,14 +190,14 @@ def main(argv: list[str]) -> None:
             with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
                 model = _build(cfg, dtype)
             layout = layout or _layout(model)
-            e2e_plugin.fill_model(model)
+            plugin.fill_model(model)
             ranks.append({n: p.detach().clone() for n, p in model.named_parameters()})
         if tp == 1:
             full = ranks[0]
             report["parameters"] = sorted(full)
             report["tp1_legacy_mismatch"] = [
                 n for n, t in full.items() if t.dim() == 2 and not n.endswith("mlp.gate.weight")
-                and not torch.equal(t, _legacy(n, t, e2e_plugin.SEED))]
+                and not torch.equal(t, _legacy(n, t, plugin.SEED))]
             continue
         split = sorted(n for n, k in layout.items() if k[0] != "replicated")
         report["tp"][tp] = {
@@ -212,7 +208,22 @@ def main(argv: list[str]) -> None:
                                       and any(not torch.equal(r[n], ranks[0][n]) for r in ranks)),
             "equal_shards": [n for n in split if torch.equal(ranks[0][n], ranks[1][n])],
         }
-    print(json.dumps(report))
+    return report
+
+
+def main(argv: list[str]) -> None:
+    here = Path(__file__).resolve().parent
+    sys.path.insert(0, str(here))
+    _cpu_platform()
+    import e2e_plugin
+
+    dtype = getattr(torch, argv[0])
+    out = {}
+    for model in argv[1:]:
+        # the fields the layers read, as attributes (the layers use getattr with defaults)
+        cfg = types.SimpleNamespace(**json.loads((here / "models" / model / "config.json").read_text()))
+        out[model] = check(cfg, dtype, e2e_plugin)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
