@@ -21,7 +21,7 @@ from smla.errors import (ApplyError, CommandError, FetchError, LockError, Rebase
 from smla.project import TREE_ENV, Project
 
 import gitfixtures
-from gitfixtures import REPO_ROOT, commit_change, make_sdist, quiet
+from gitfixtures import REPO_ROOT, commit_change, make_sdist, quiet, patches_dir, pin_file
 
 
 def run(*args: str, env: dict | None = None):
@@ -96,7 +96,7 @@ def test_hints_are_quoted_shell_commands(tmp_path):
     proc.git(tree, "commit", "-qam", "local drift")
     proc.git(tree, "tag", "-f", "smla-base")
     with pytest.raises(ApplyError) as err:
-        apply_mod.apply_series(series.load(root / "patches"), tree, **quiet)
+        apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)
     commands = re.findall(r"`([^`]+)`", err.value.hint)
     git_cmd = next(c for c in commands if c.startswith("git "))
     assert shlex.split(git_cmd)[:3] == ["git", "-C", str(tree)]  # old code: unquoted, splits at the space
@@ -106,7 +106,7 @@ def test_hints_are_quoted_shell_commands(tmp_path):
 def test_clean_keeps_unexported_work_unless_discard(series_project):
     root, tree, _ = series_project
     args = ["clean", "--root", str(root), "--tree", str(tree)]
-    apply_mod.apply_series(series.load(root / "patches"), tree, **quiet)
+    apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)
     commit_change(tree, {"vllm/new.py": "x = 1\n"}, "Unexported fix")
     refused = run(*args)
     assert refused.exit_code == TreeStateError.exit_code and "Unexported fix" in refused.output

@@ -20,7 +20,7 @@ import yaml
 from smla import proc
 from smla.pin import load as load_pin
 
-from gitfixtures import REPO_ROOT
+from gitfixtures import REPO_ROOT, patches_dir, pin_file
 
 SCRIPT = REPO_ROOT / ".github" / "scripts" / "rebase-nightly.sh"
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "rebase-nightly.yml"
@@ -60,21 +60,21 @@ def test_clean_night_opens_a_ready_pr(world, tmp_path):
     body = Path(out["body"]).read_text()
     assert "Rebase the sparse-MLA series" in body and "CPU tests (`true`): passed" in body
     root = world["root"]
-    assert load_pin(root / "vllm-pin.txt").commit == world["c1"]  # the PR carries the new pin ...
+    assert load_pin(pin_file(root)).commit == world["c1"]  # the PR carries the new pin ...
     assert (root / "reports" / "rebase-nightly.md").read_text() == \
         (root / "reports" / "nightly" / "rebase-report.md").read_text()
     assert json.loads((root / "reports" / "nightly" / "rebase-report.json").read_text())["status"] == "clean"
 
 
 def test_conflict_night_opens_a_draft_with_the_report(world, tmp_path):
-    before = (world["root"] / "vllm-pin.txt").read_bytes()
+    before = (world["pin"]).read_bytes()
     rc, out, log = run_script(world, tmp_path, onto=world["c2"], test_cmd="echo tests-must-not-run; false")
     assert rc == 0, log  # the job goes on to open the draft PR
     assert out["rc"] == "11" and out["tests"] == "skipped" and out["draft"] == "true"
     assert out["title"].startswith("Rebase CONFLICT") and "tests-must-not-run" not in log
     body = Path(out["body"]).read_text()
     assert "Rebase CONFLICT" in body and "**conflict**" in body and f"smla rebase --onto {world['c2']}" in body
-    assert (world["root"] / "vllm-pin.txt").read_bytes() == before  # pin unchanged on a conflict
+    assert (world["pin"]).read_bytes() == before  # pin unchanged on a conflict
 
 
 def test_failing_tests_make_a_draft(world, tmp_path):

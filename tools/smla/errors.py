@@ -74,6 +74,13 @@ class SeriesError(SmlaError):
     default_hint = "fix the patch file named above, restore patches/ with `git checkout -- patches/`, or regenerate it from a work tree with `smla export`"
 
 
+class LinesDiverge(SeriesError):
+    """A file the series adds differs between two release lines without an entry in lines/DIVERGENCE
+    (or an entry there is stale): exit code of SeriesError."""
+
+    default_hint = "`smla lines --diff` shows the differences"
+
+
 class TreeStateError(SmlaError):
     """The work tree is in a state the command refuses (dirty, wrong base, missing)."""
 
@@ -120,6 +127,14 @@ class TestsFailed(SmlaError):
 
     __test__ = False  # not a pytest test class
     exit_code = 13
+
+
+class RebaseBroken(TestsFailed):
+    """`smla rebase` replayed the series, but the result is semantically broken: a module the series
+    adds or changes no longer imports against the new base, the new tree's selector does not pick the
+    series' backend where the series promises it, or the line's CPU tests fail (exit 13, as TestsFailed)."""
+
+    default_hint = "the rebase report names each broken patch and what failed: fix the series in the tree, then `smla export`"
 
 
 class LockError(SmlaError):
