@@ -58,7 +58,7 @@ SLOW_MODULES = {"test_integration.py", "test_kernel_compile.py", "test_kernel_co
                 "test_kernel_compile_v4_ops.py", "test_kernel_compile_dsv4.py",
                 "test_rebase_real.py", "test_wheel_real.py"}
 # Modules whose every test reads one line (its tree, sdist, series or wheel): run on each line.
-LINE_MODULES = SLOW_MODULES | {"test_series_lines.py"}
+LINE_MODULES = SLOW_MODULES
 # The line and tree the `line` tests read, as the run was started (toolkit tests get them removed).
 _LINE_ENV = {k: os.environ.get(k) for k in ("SMLA_LINE", "SMLA_TREE", "SMLA_ROOT")}
 

@@ -126,12 +126,12 @@ def test_export_after_edit_rewrites_only_changed_files_and_drops_stale(series_pr
     commit_change(tree, {"vllm/registry.py": "A = 1\nB = 2\nSPARSE = 10\nC = 3\n"}, "Tune the registry")
     with pytest.raises(ExportError, match="would drop 0003-Prefer-the-backend-on-CUDA.patch"):
         export_mod.export(tree, patches_dir(root))
-    assert (root / "patches/0003-Prefer-the-backend-on-CUDA.patch").is_file()
+    assert (patches_dir(root) / "0003-Prefer-the-backend-on-CUDA.patch").is_file()
     result = export_mod.export(tree, patches_dir(root), prune=True)
     assert result.unchanged == ["0001-Add-the-kernel-module.patch", "0002-Register-the-backend.patch"]
     assert result.written == ["0003-Tune-the-registry.patch"]
     assert result.removed == ["0003-Prefer-the-backend-on-CUDA.patch"]
-    assert (root / "patches/series").read_text().splitlines()[-1] == "0003-Tune-the-registry.patch"
+    assert (patches_dir(root) / "series").read_text().splitlines()[-1] == "0003-Tune-the-registry.patch"
 
 
 def test_empty_export_is_refused(series_project):

@@ -27,6 +27,7 @@ from smla import explain, series
 from smla.cache import cache_dir
 
 import doctext
+from conftest import line_dir
 from gitfixtures import REPO_ROOT
 
 SHOWN_ROOT = "/src/vllm-sparse-mla"
@@ -59,7 +60,7 @@ def _is_explain(step: doctext.Step) -> bool:
 def series_table() -> list[str]:
     """docs/series.md's table: every patch of patches/series, its Subject and the files it changes."""
     rows = ["| # | patch | what (its Subject) | files |", "|---|---|---|---|"]
-    for i, p in enumerate(series.load(REPO_ROOT / "patches").patches, 1):
+    for i, p in enumerate(series.load(line_dir() / "patches").patches, 1):
         files = ", ".join(f"`{f}`" for f in p.files)
         subject = p.subject.replace("|", "\\|")
         rows.append(f"| {i} | `{p.name}` | {subject} | {files} |")
@@ -195,10 +196,7 @@ def test_session_transcripts_are_real_output(tmp_path, update_docs):
             continue
         sessions += 1
         root = tmp_path / f"session-{sessions}" / "vllm-sparse-mla"
-        (root / "patches").mkdir(parents=True)
-        shutil.copy(REPO_ROOT / "vllm-pin.txt", root)
-        for f in (REPO_ROOT / "patches").iterdir():
-            shutil.copy(f, root / "patches")
+        shutil.copytree(REPO_ROOT / "lines", root / "lines")
         outputs = []
         for _, t in found:
             for step in t.steps:

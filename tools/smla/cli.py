@@ -345,13 +345,20 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
 @click.option("--diff", "show_diff", is_flag=True, help="Print the differences of the files the lines' series add.")
 @click.option("--check", is_flag=True,
               help="Exit 6 when a file two lines add differs without a reason in lines/DIVERGENCE.")
+@click.option("--newer-releases", is_flag=True,
+              help="Only list the vLLM releases on the package index newer than every line, one a line.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @global_options(tree=False)
 @pass_ctx
 @_handle_errors
-def lines_cmd(c: Ctx, show_diff, check, as_json):
+def lines_cmd(c: Ctx, show_diff, check, newer_releases, as_json):
     """The release lines (lines/<release>/): pin, series, work tree, whether it is in sync; and whether
     the files the series add are the same on every line (lines/DIVERGENCE allows, with reasons)."""
+    if newer_releases:
+        found = lines_mod.newer_releases(c.project)
+        click.echo(report.to_json({"newer_releases": found}) if as_json else "".join(f"{v}\n" for v in found),
+                   nl=False)
+        return
     rows = lines_mod.overview(c.project)
     cmp = lines_mod.compare(c.project, with_diff=show_diff)
     if as_json:

@@ -23,12 +23,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from smla import proc, series as series_mod, treeinfo, treestate
+from smla import cache, proc, series as series_mod, treeinfo, treestate
 from smla.errors import LinesDiverge, SeriesError, SmlaError, cmd
 from smla.project import LINES_DIR, Project
 
 ALLOW_FILE = "DIVERGENCE"
 _DIFF_GIT = re.compile(r"^diff --git a/(\S+) b/(\S+)$")
+_SDIST = re.compile(r"^vllm-([0-9]+(?:\.[0-9]+)+)\.tar\.gz$")  # final releases only (no rc/dev/post)
 
 
 def allow_list_path(project: Project) -> Path:
@@ -158,6 +159,16 @@ def check(project: Project) -> Comparison:
                  f"{cmd('smla', 'lines', '--diff')} shows the differences",
         )
     return cmp
+
+
+def newer_releases(project: Project) -> list[str]:
+    """vLLM releases on the package index (their sdists) newer than every line here, oldest first:
+    what the nightly job opens a line for (`smla lines --newer-releases`)."""
+    from smla.project import version_key
+
+    newest = version_key(project.newest_line())
+    found = {m.group(1) for name, _url, _sha in cache.pypi_files("vllm") if (m := _SDIST.match(name))}
+    return sorted((v for v in found if version_key(v) > newest), key=version_key)
 
 
 def overview(project: Project) -> list[dict]:

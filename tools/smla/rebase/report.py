@@ -131,6 +131,9 @@ def text(r: RebaseResult) -> str:
     d = r.to_dict()
     old, new = d["old_base"], d["new_base"]
     if r.status == "aborted":
+        if r.line and r.line.get("opened"):
+            return (f"rebase onto {r.target['spec']} aborted: the line lines/{r.line['to']}/ it opened and its "
+                    f"work tree {r.tree} are removed; line {r.line['from']} was never changed\n")
         return (f"rebase onto {r.target['spec']} aborted: {r.tree} is back at {_label(old, None)} "
                 "with its original branch; pin file and patches/ restored byte for byte\n")
     lines = [f"rebase {r.status}: {_label(old, None)} -> {_label(new, r.target)} in {r.tree}"]
