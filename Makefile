@@ -114,7 +114,7 @@ explain: patch
 # The work tree goes through `smla clean`, which refuses while the tree holds work not in
 # patches/ (make clean ARGS=--discard throws it away); only then dist/ and the venv.
 clean:
-	@if [ -e work/vllm ]; then $(MAKE) --no-print-directory venv && $(SMLA) clean $(ARGS); fi
+	@set -e; for l in $(LINES); do if [ -e work/$$l/vllm ]; then $(MAKE) --no-print-directory venv && $(BIN)/smla --line $$l clean $(ARGS); fi; done
 	rm -rf work dist $(VENV)
 
 # ---- End to end through vllm.LLM on a GPU (tests/e2e/README.md) ----

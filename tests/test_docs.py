@@ -4,7 +4,7 @@
   of real output (tests/doctext.py reads them). `smla explain` commands run through smla.explain, all of
   them at once (one interpreter per tree) against the work tree; the other commands of a
   document run in order, as one session, in bash, in a fresh copy of the toolkit root
-  (vllm-pin.txt and patches/; the tree is fetched from the pinned sdist). Paths are shown as
+  (lines/: each line's pin and patches/; the tree is fetched from the pinned sdist). Paths are shown as
   /src/vllm-sparse-mla (the checkout) and ~/.cache/vllm-sparse-mla (the cache).
 - docs/series.md's table is generated from patches/series; no other prose lists patches or
   counts them, so a patch added, folded or renamed cannot leave a stale list behind.
@@ -176,7 +176,8 @@ def test_explain_transcripts_are_real_output(vllm_tree, update_docs):
     outputs = iter([explain.render([next(per_tree[tree]) for _ in cells], desc, matrix=p["matrix"],
                                    as_json=p["as_json"])
                     for tree, desc, p, cells in asked])
-    paths = [(vllm_tree, f"{SHOWN_ROOT}/work/vllm"), (REPO_ROOT, SHOWN_ROOT), (cache_dir(), SHOWN_CACHE)]
+    paths = [(vllm_tree, f"{SHOWN_ROOT}/work/{vllm_tree.parent.name}/vllm"), (REPO_ROOT, SHOWN_ROOT),
+             (cache_dir(), SHOWN_CACHE)]
     _check(found, outputs, paths, update_docs)
 
 

@@ -183,6 +183,9 @@ def checks_lines(c: dict | None) -> list[str]:
                    + (f", {len(imp['not_checkable'])} fail on the old line too (not judged)"
                       if imp.get("not_checkable") else ""))
         out += [f"  {f['module']}: {f['error']} ({', '.join(f['patches'])})" for f in imp.get("failed", [])]
+        stood = [x.split(": ", 1)[1] for x in imp.get("stand_ins", []) if x.startswith("not installed here")]
+        if stood:
+            out.append(f"  (not installed here, stood in: {', '.join(stood)})")
     sel = c.get("selection")
     if sel is None:
         out.append("selection: not run (the series is not fully replayed)")
@@ -230,7 +233,8 @@ def markdown(r: RebaseResult) -> str:
             notes.append(p.detail.replace("|", "\\|"))
         if p.new_files_only and p.outcome in (UNCHANGED, OFFSETS):
             checked = _imports_checked(r, p)
-            notes.append(f"adds new files only; its {checked} modules were imported against the new base"
+            notes.append(f"adds new files only; its {checked} module{'s' if checked != 1 else ''} imported "
+                         "against the new base (semantic check)"
                          if checked else NEW_FILES_NOTE)
         notes += [f"**broken**: {c}".replace("|", "\\|") for c in p.checks]
         outcome = f"**{p.outcome}**" + (", **broken**" if p.checks else "")

@@ -117,6 +117,8 @@ def _imports(new: Path, old: Path, modules: list[str], touched: dict, outs: list
     if not modules:
         return {"ran": True, "modules": 0, "failed": [], "not_checkable": []}
     now, before = _run_imports(new, modules), _run_imports(old, modules)
+    for res, where in ((now, new), (before, old)):  # paths inside the scratch trees: tree-relative
+        res["results"] = {m: e and e.replace(f"{where}/", "") for m, e in res["results"].items()}
     failed, unknown = [], []
     by_name = {o.name: o for o in outs}
     for m in modules:
