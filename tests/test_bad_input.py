@@ -82,7 +82,7 @@ def test_unwritable_cache_is_a_clear_error_and_json_under_json(tmp_path, index, 
     assert ex.exit_code == 15 and error_json(ex)["kind"] == "FilesystemError", ex.output
     assert "SMLA_CACHE_DIR" in error_json(ex)["hint"] and f"{unwritable_dir}/trees" in error_json(ex)["message"]
     # build-wheel --json downloads the official wheel into the cache
-    apply_mod.apply_series(series.load(p_patches_dir(root)), p_tree, **quiet)
+    apply_mod.apply_series(series.load(patches_dir(p_root)), p_tree, **quiet)
     index.publish("vllm", [("vllm-9.9.9-cp38-abi3-manylinux_2_28_x86_64.whl", b"not a wheel")])
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
     bw = cli(p_root, p_tree, "build-wheel", "--json", "--out", str(tmp_path / "dist"))

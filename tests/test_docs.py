@@ -37,8 +37,8 @@ DOCS = REPO_ROOT / "docs"
 # The documents this project's toolkit side keeps (the kernel docs and bench/ are written with
 # the kernels, and may name patches by number).
 OWN_DOCS = [README, DOCS / "series.md", DOCS / "toolkit.md", DOCS / "explain.md", DOCS / "errors.md",
-            DOCS / "rebase.md", DOCS / "build-wheel.md"]
-README_MAX_LINES = 200  # not counting the speed section's figures
+            DOCS / "rebase.md", DOCS / "build-wheel.md", DOCS / "proof.md", DOCS / "limits.md"]
+README_MAX_LINES = 220  # all of it, the speed section's figures included; details live in docs/
 
 
 def _shown(text: str, paths: list[tuple[Path, str]]) -> list[str]:
@@ -109,8 +109,20 @@ def test_readme_is_short_and_keeps_the_speed_section():
     lines = README.read_text().splitlines()
     start = lines.index("## Speed")
     end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("## "))
-    assert len(lines) - (end - start - 1) <= README_MAX_LINES, "the README is read in ten minutes"
+    assert len(lines) < README_MAX_LINES, "the README is read in ten minutes"
     assert any(line.startswith("<!-- speed:") or line.strip() for line in lines[start + 1:end])
+
+
+def test_readme_promise_rows_are_one_short_line_each():
+    """The promise table says what ran in a line per level; the full account is docs/proof.md."""
+    lines = README.read_text().splitlines()
+    start = lines.index("## The promise")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("## "))
+    rows = [ln for ln in lines[start:end] if ln.startswith("| ") and not ln.startswith("| level")]
+    assert len(rows) >= 7 and all(len(ln) <= 240 for ln in rows), [ln for ln in rows if len(ln) > 240]
+    assert "docs/proof.md" in "\n".join(lines[start:end])
+    proof = (DOCS / "proof.md").read_text()
+    assert all(f"| {ln.split('|')[1].strip()}" in proof for ln in rows if "DeepSeek-V4" not in ln)
 
 
 def _anchors(path: Path) -> set[str]:

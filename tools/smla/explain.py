@@ -18,6 +18,10 @@ toolkit covers the MLA (and above all the sparse, DSA) backends only.
 DeepSeek-V4 (selection.is_dsv4) is answered by its own query: its CUDA model
 picks its attention kernels itself, from the GPU, VLLM_DSV4_PORTABLE and
 the kernels installed, so the model dtype, KV-cache dtype and heads are no input.
+
+This module: the inputs, the trees, running the selection and checking its answers; the output
+lives in smla.explain_text (MLA presets) and smla.explain_dsv4 (DeepSeek-V4). The work tree, and so
+the pin and the pristine base, are those of the release line (`smla --line`, `make explain VLLM=`).
 """
 from __future__ import annotations
 
