@@ -117,3 +117,24 @@ def test_files_only_one_line_adds_are_listed_not_failed(two_lines):
     export_mod.export(tree, patches_dir(two_lines, "0.10.0"))
     cmp = lines_mod.check(Project.discover(two_lines))
     assert cmp.only == {"0.10.0": ["vllm/ops/new.py"]}
+
+
+def test_every_make_target_takes_the_line():
+    """`make <target> VLLM=<release>` runs smla on that line; `make test` walks every line."""
+    import subprocess
+
+    from gitfixtures import REPO_ROOT
+
+    def dry(*args: str) -> str:
+        res = subprocess.run(["make", "-n", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+        return res.stdout
+
+    for target in ("patch", "status", "export", "build-wheel", "explain", "lines", "rebase"):
+        assert "smla --line 0.26.0" in dry(target, "VLLM=0.26.0"), target
+    assert "smla --line 7.7.7 patch" in dry("patch", "VLLM=7.7.7")
+    newest = Project.at(REPO_ROOT).newest_line()
+    assert f"smla --line {newest} status" in dry("status")  # the default: the newest line
+    walk = dry("test")
+    assert f"for l in {' '.join(Project.at(REPO_ROOT).lines())}; do" in walk  # make patch, every line
+    assert '-m "line and not gpu"' in walk
+    assert "vllm-$(VLLM)+" in (REPO_ROOT / "Makefile").read_text()  # e2e-bundle takes the line's wheel
