@@ -286,3 +286,29 @@ def series_project(tmp: Path, *, kernel_subject: str = SERIES_SUBJECTS[0]) -> tu
     tree = tmp / "work" / "vllm"
     source.fetch(pin, tree, "git", **quiet)
     return root, tree, pin
+
+
+# --- two release lines (tests/test_lines.py) ------------------------------------------------------
+
+KERNEL = "vllm/ops/kernel.py"
+
+
+def line_series(root: Path, release: str, upstream: Path, commit: str, *, kernel: str, glue: str) -> None:
+    """Line `release` of `root`, its tree root/work/<release>/vllm patched and exported: patch 1 adds
+    the kernel and a helper (new files), patch 2 changes upstream's registry (the line's integration)."""
+    add_line(root, str(upstream), commit, release)
+    tree = line_tree(root, release)
+    source.fetch(load_pin(pin_file(root, release)), tree, "git", **quiet)
+    commit_change(tree, {KERNEL: kernel, "vllm/ops/util.py": "X = 1\n"}, "Add the kernel")
+    commit_change(tree, {"vllm/registry.py": glue}, "Register the backend")
+    export_mod.export(tree, patches_dir(root, release))
+
+
+def two_line_project(tmp: Path) -> Path:
+    """A toolkit root with the lines 0.9.0 and 0.10.0 of one upstream (so 0.10.0 is the newest by
+    version, not by text): the same kernel, different registry glue; both trees patched."""
+    upstream, commit = make_upstream(tmp)
+    root = tmp / "project"
+    line_series(root, "0.9.0", upstream, commit, kernel="def k():\n    return 1\n", glue="A = 1\nK = 1\n")
+    line_series(root, "0.10.0", upstream, commit, kernel="def k():\n    return 1\n", glue="A = 2\nK = 1\n")
+    return root

@@ -1,6 +1,6 @@
 """Release lines: the Project's line choice, `smla lines`, and the rule that the files the series adds
 are the same on every line (smla.lines; lines/DIVERGENCE allows differences, each with a reason).
-Two-line checkouts are built here from one upstream; the real checkout's check is in
+Two-line checkouts come from gitfixtures.two_line_project; the real checkout's check is in
 tests/test_series_lines.py."""
 from __future__ import annotations
 
@@ -11,35 +11,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gitfixtures import add_line, commit_change, line_tree, make_upstream, patches_dir, quiet
+from gitfixtures import KERNEL, commit_change, line_tree, patches_dir, two_line_project
 from smla import export as export_mod
 from smla import lines as lines_mod
-from smla import source
 from smla.cli import main
 from smla.errors import LinesDiverge, SeriesError, UsageError
-from smla.pin import load as load_pin
 from smla.project import Project
-
-KERNEL = "vllm/ops/kernel.py"
-
-
-def series(root: Path, release: str, upstream: Path, commit: str, *, kernel: str, glue: str) -> None:
-    """Line `release`: patch 1 adds the kernel (new file), patch 2 changes upstream's registry (integration)."""
-    add_line(root, str(upstream), commit, release)
-    tree = line_tree(root, release)
-    source.fetch(load_pin(root / "lines" / release / "vllm-pin.txt"), tree, "git", **quiet)
-    commit_change(tree, {KERNEL: kernel, "vllm/ops/util.py": "X = 1\n"}, "Add the kernel")
-    commit_change(tree, {"vllm/registry.py": glue}, "Register the backend")
-    export_mod.export(tree, patches_dir(root, release))
 
 
 @pytest.fixture
 def two_lines(tmp_path):
-    upstream, commit = make_upstream(tmp_path)
-    root = tmp_path / "project"
-    series(root, "0.9.0", upstream, commit, kernel="def k():\n    return 1\n", glue="A = 1\nK = 1\n")
-    series(root, "0.10.0", upstream, commit, kernel="def k():\n    return 1\n", glue="A = 2\nK = 1\n")
-    return root
+    """gitfixtures.two_line_project: lines 0.9.0 and 0.10.0, the kernel identical, the registry not."""
+    return two_line_project(tmp_path)
 
 
 def lines_cli(root: Path, *args: str):
