@@ -50,7 +50,7 @@ class PinError(SmlaError):
     """vllm-pin.txt is missing or invalid."""
 
     exit_code = 3
-    default_hint = "fix that line of vllm-pin.txt (its header lists the keys), or restore the committed pin with `git checkout -- vllm-pin.txt`"
+    default_hint = "fix that line of vllm-pin.txt (its header lists the keys), or restore the committed pin with `git checkout -- lines/<release>/vllm-pin.txt`"
 
 
 class FetchError(SmlaError):
@@ -71,7 +71,7 @@ class SeriesError(SmlaError):
     """patches/ or a patch file is malformed or unsafe."""
 
     exit_code = 6
-    default_hint = "fix the patch file named above, restore patches/ with `git checkout -- patches/`, or regenerate it from a work tree with `smla export`"
+    default_hint = "fix the patch file named above, restore the line's patches/ with `git checkout -- lines/<release>/patches/`, or regenerate it from a work tree with `smla export`"
 
 
 class LinesDiverge(SeriesError):

@@ -62,7 +62,7 @@ def older_than(target: Target, pin: pin_mod.Pin) -> str | None:
         return None
     return (f"vLLM {target.version} is older than the pinned {pin.version}: this moves the series "
             f"backwards (`smla rebase --abort` undoes a stopped rebase; a finished one is undone with "
-            f"`git checkout -- vllm-pin.txt patches/` and `smla fetch --force`)")
+            f"`git checkout -- lines/<release>/` and `smla fetch --force`; a new line: remove lines/<release>/)")
 
 
 def parse(onto: str, upstream_commit: str | None) -> tuple[str, str]:
