@@ -5,21 +5,33 @@ VENV     := .venv
 BIN      := $(VENV)/bin
 STAMP    := $(VENV)/.installed
 REQS     := requirements/dev.txt $(wildcard requirements/vllm-import.txt)
-SMLA     := $(BIN)/smla
 PYTEST   := $(BIN)/python -m pytest
 
-.PHONY: help venv patch status export test test-fast test-gpu docs clean rebase
+# Release lines: lines/<release>/ (pin + patches/), oldest first; VLLM=<release> picks the line
+# every target works on (default: the newest). Each line has its own work tree, work/<release>/vllm.
+LINES    := $(shell ls lines 2>/dev/null | grep -E '^[0-9]' | sort -V)
+NEWEST   := $(lastword $(LINES))
+VLLM     ?= $(NEWEST)
+export SMLA_LINE := $(VLLM)
+SMLA     := $(BIN)/smla --line $(VLLM)
+# make test: VLLM given -> that line; else every line (the full suite on the newest, the line tests
+# on each older one; tests/conftest.py marks the line tests).
+TEST_LINES := $(if $(filter command line environment,$(origin VLLM)),$(VLLM),$(LINES))
+
+.PHONY: help venv patch status export test test-fast test-gpu docs clean rebase lines
 .PHONY: build-wheel test-wheel
 
 help:
-	@echo "make patch        fetch the pinned vLLM and apply patches/series (tree: work/vllm)"
-	@echo "make test         CPU test suite, complete (runs make patch first)"
+	@echo "Release lines: $(LINES) (newest: $(NEWEST)); VLLM=<release> picks one for every target below"
+	@echo "make patch        fetch the line's pinned vLLM and apply lines/<release>/patches (tree: work/<release>/vllm)"
+	@echo "make test         CPU test suite, complete: toolkit once, the line tests on every line (VLLM=x: that line)"
+	@echo "make lines        the release lines, their pins and trees; whether their added files agree (lines/DIVERGENCE)"
 	@echo "make test-fast    the toolkit's tests alone, ~45 s of CPU: no vLLM tree, kernels or compile matrix"
 	@echo "make docs         rewrite the docs' transcripts and generated tables from real output"
 	@echo "make test-gpu     GPU tests on your CUDA machine: the wheel (WHEEL=path or dist/) in .venv-gpu, pytest -m gpu"
 	@echo "make status       where the work tree stands"
 	@echo "make export       regenerate patches/ from the work tree's commits"
-	@echo "make rebase ONTO=<commit|version>  carry the series onto a newer vLLM (ARGS=--continue / ARGS=--abort)"
+	@echo "make rebase ONTO=<version|commit>  open line <version> from VLLM's line (a commit: rebase in place; ARGS=--continue / --abort)"
 	@echo "                  (make exits 2 on a conflict; scripts needing exit code 11 call .venv/bin/smla rebase)"
 	@echo "make build-wheel  patched vLLM wheel in dist/ (WHEEL_ARGS=\"--from-source\" etc., see docs/build-wheel.md)"
 	@echo "make test-wheel   opt-in check of build-wheel on the real official wheel (500 MB)"
@@ -49,6 +61,9 @@ patch: $(STAMP)
 status: $(STAMP)
 	$(SMLA) status $(ARGS)
 
+lines: $(STAMP)
+	$(SMLA) lines $(ARGS)
+
 export: $(STAMP)
 	$(SMLA) export $(ARGS)
 
@@ -57,8 +72,12 @@ export: $(STAMP)
 rebase: $(STAMP)
 	$(SMLA) rebase $(if $(ONTO),--onto $(ONTO)) $(ARGS)
 
-test: patch
-	$(PYTEST) -m "not gpu" $(PYTEST_ARGS)
+test: $(STAMP)
+	@set -e; for l in $(TEST_LINES); do echo "== make patch VLLM=$$l"; $(BIN)/smla --line $$l patch $(ARGS); done
+	@set -e; first=1; for l in $(call reverse,$(TEST_LINES)); do \
+	  if [ $$first = 1 ]; then echo "== the CPU suite, line $$l"; SMLA_LINE=$$l $(PYTEST) -m "not gpu" $(PYTEST_ARGS); \
+	  else echo "== the line tests, line $$l"; SMLA_LINE=$$l $(PYTEST) -m "line and not gpu" $(PYTEST_ARGS); fi; first=0; done
+reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 
 # Without the tests marked `slow` in tests/conftest.py (the real vLLM tree, the sdist, Triton's
 # compiler): temporary git repositories and a local package index only, so no `make patch` first.
@@ -108,9 +127,9 @@ explain: patch
 # patches/ (make clean ARGS=--discard throws it away); only then dist/ and the venv.
 # work/vllm only (not $SMLA_TREE), through smla's guard; work/ goes only when nothing else is left in it.
 clean:
-	@if [ -e work/vllm ]; then $(MAKE) --no-print-directory venv && $(SMLA) clean --tree work/vllm $(ARGS); fi
+	@set -e; for l in $(LINES); do if [ -e work/$$l/vllm ]; then $(MAKE) --no-print-directory venv && $(BIN)/smla --line $$l clean --tree work/$$l/vllm $(ARGS); fi; done
 	rm -rf dist $(VENV)
-	@if [ -d work ] && ! rmdir work 2>/dev/null; then echo "kept work/: it holds what make patch did not make: $$(ls -A work | head -5 | tr '\n' ' ')"; fi
+	@for d in $(addprefix work/,$(LINES)) work; do [ -d $$d ] && ! rmdir $$d 2>/dev/null && echo "kept $$d/: it holds what make patch did not make: $$(ls -A $$d | head -5 | tr '\n' ' ')"; done; true
 
 # ---- End to end through vllm.LLM on a GPU (tests/e2e/README.md) ----
 # test-e2e: on your CUDA machine, the wheel installed as for test-gpu, then ours vs the reference
@@ -120,7 +139,7 @@ clean:
 # pieces < 64 MiB with a sha256 manifest (under E2E_DIR, ignored by git).
 # test-e2e-pieces: on a CUDA machine holding the pieces (or after the staging calls on
 # the lent GPU): check, install, run ours vs the reference (E2E_ARGS: run_e2e.py).
-E2E_WHEEL ?= $(firstword $(wildcard dist/vllm-*.whl))
+E2E_WHEEL ?= $(firstword $(wildcard dist/vllm-$(VLLM)+*.whl))
 E2E_DIR   ?= .e2e
 E2E_ARGS  ?=
 .PHONY: e2e-bundle e2e-bundle-v4-upstream test-e2e test-e2e-pieces

@@ -89,6 +89,13 @@ SWEEP = ("16:32:8:1", "32:16:8:1", "32:16:4:1", "32:32:8:2", "32:16:8:2", "64:16
 SMOKE_SWEEP = ("16:32:8:1", "32:16:4:1")  # the interpreter ignores warps and stages
 
 
+def _line_tree(repo: Path) -> Path:
+    """The work tree of the line under test, as tests/conftest.py: $SMLA_LINE, else the newest line."""
+    lines = sorted((p.parent.name for p in (repo / "lines").glob("*/vllm-pin.txt")),
+                   key=lambda v: tuple(int(x) if x.isdigit() else 0 for x in v.split(".")))
+    return repo / "work" / (os.environ.get("SMLA_LINE") or lines[-1]) / "vllm"
+
+
 def sweep_config(spec: str) -> dict:
     """'BLOCK_H:BLOCK_N:num_warps:num_stages' -> sparse_mla_dsv4_decode's config."""
     bh, bn, warps, stages = (int(v) for v in spec.split(":"))
@@ -96,7 +103,7 @@ def sweep_config(spec: str) -> dict:
 
 
 def tree() -> Path:
-    return Path(os.environ.get("SMLA_TREE", REPO / "work" / "vllm"))
+    return Path(os.environ.get("SMLA_TREE", _line_tree(REPO)))
 
 
 def call_form(src: str, cls: str, func: str):

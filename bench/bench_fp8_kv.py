@@ -59,8 +59,15 @@ SWEEP_CFGS = [dict(BLOCK_N=n, num_warps=w, num_stages=st)
                                (64, 8, 2), (64, 8, 3))]
 
 
+def _line_tree(repo: Path) -> Path:
+    """The work tree of the line under test, as tests/conftest.py: $SMLA_LINE, else the newest line."""
+    lines = sorted((p.parent.name for p in (repo / "lines").glob("*/vllm-pin.txt")),
+                   key=lambda v: tuple(int(x) if x.isdigit() else 0 for x in v.split(".")))
+    return repo / "work" / (os.environ.get("SMLA_LINE") or lines[-1]) / "vllm"
+
+
 def tree_path() -> Path:
-    return Path(os.environ.get("SMLA_TREE") or REPO / "work" / "vllm")  # as tests/conftest.py
+    return Path(os.environ.get("SMLA_TREE") or _line_tree(REPO))  # as tests/conftest.py
 
 
 def load_ours():

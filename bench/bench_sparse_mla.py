@@ -53,8 +53,15 @@ TORCH_LIMIT_BYTES = 20e9
 SEED_SPLITS = 4
 
 
+def _line_tree(repo: Path) -> Path:
+    """The work tree of the line under test, as tests/conftest.py: $SMLA_LINE, else the newest line."""
+    lines = sorted((p.parent.name for p in (repo / "lines").glob("*/vllm-pin.txt")),
+                   key=lambda v: tuple(int(x) if x.isdigit() else 0 for x in v.split(".")))
+    return repo / "work" / (os.environ.get("SMLA_LINE") or lines[-1]) / "vllm"
+
+
 def tree_path() -> Path:
-    return Path(os.environ.get("SMLA_TREE", REPO / "work" / "vllm"))
+    return Path(os.environ.get("SMLA_TREE", _line_tree(REPO)))
 
 
 # --------------------------------------------------------------------------- loading

@@ -30,6 +30,13 @@ sys.path.insert(0, str(REPO / "tests"))
 from sparse_mla_reference import load_tree_module  # noqa: E402
 
 
+def _line_tree(repo: Path) -> Path:
+    """The work tree of the line under test, as tests/conftest.py: $SMLA_LINE, else the newest line."""
+    lines = sorted((p.parent.name for p in (repo / "lines").glob("*/vllm-pin.txt")),
+                   key=lambda v: tuple(int(x) if x.isdigit() else 0 for x in v.split(".")))
+    return repo / "work" / (os.environ.get("SMLA_LINE") or lines[-1]) / "vllm"
+
+
 def parse_args(doc: str | None = None, extra=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir")
@@ -44,7 +51,7 @@ def parse_args(doc: str | None = None, extra=None) -> argparse.Namespace:
 
 
 def kernel_modules(rel: str, prefix: str):
-    now = load_tree_module(Path(os.environ.get("SMLA_TREE", REPO / "work" / "vllm")), rel,
+    now = load_tree_module(Path(os.environ.get("SMLA_TREE", _line_tree(REPO))), rel,
                            prefix + "_now")
     before = None
     if os.environ.get("SMLA_TREE_BEFORE"):

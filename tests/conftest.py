@@ -11,8 +11,15 @@ marked `slow`. A test is marked here, by what it uses, so no test file has to sa
          checkpoint's tensors, the e2e runner spawning engines, the serving report's plot)
 What `make test-fast` keeps runs on temporary git repositories and one local package index.
 
+Lines: the checkout keeps one series per vLLM release (lines/<release>/). A test that reads a
+line's vLLM tree, sdist or series is marked `line` (the `vllm_tree` fixture, LINE_MODULES): `make
+test` runs the whole suite on the newest line and the `line` tests again on each older line, with
+SMLA_LINE naming it. Every other test is a toolkit test: it runs once, on temporary repositories,
+with SMLA_LINE, SMLA_TREE and SMLA_ROOT removed from its environment (its projects are its own).
+
 Fixtures:
-  vllm_tree       the patched vLLM work tree (`make patch`; SMLA_TREE overrides it)
+  vllm_tree       the patched vLLM work tree of the line under test (`make patch`; $SMLA_LINE
+                  picks the line, default the newest; SMLA_TREE overrides the tree)
   series_project  (root, tree, pin): a toolkit root whose patches/ holds a 3-patch series, and a
                   fresh work tree at its base (not applied)
   rebase_world    the rebase tests' upstream (C0; C1 clean; C2 conflicting), root and patched tree
@@ -50,11 +57,29 @@ else:
 SLOW_MODULES = {"test_integration.py", "test_kernel_compile.py", "test_kernel_compile_matrix.py",
                 "test_kernel_compile_v4_ops.py", "test_kernel_compile_dsv4.py",
                 "test_rebase_real.py", "test_wheel_real.py"}
+# Modules whose every test reads one line (its tree, sdist, series or wheel): run on each line.
+LINE_MODULES = SLOW_MODULES
+# The line and tree the `line` tests read, as the run was started (toolkit tests get them removed).
+_LINE_ENV = {k: os.environ.get(k) for k in ("SMLA_LINE", "SMLA_TREE", "SMLA_ROOT")}
+
+
+def current_line() -> str:
+    """The release line under test: $SMLA_LINE, else the newest line of this checkout."""
+    if _LINE_ENV["SMLA_LINE"]:
+        return _LINE_ENV["SMLA_LINE"]
+    lines = sorted((p.parent.name for p in (REPO_ROOT / "lines").glob("*/vllm-pin.txt")),
+                   key=lambda v: tuple(int(x) if x.isdigit() else 0 for x in v.split(".")))
+    return lines[-1]
+
+
+def line_dir() -> Path:
+    """lines/<release>/ of the line under test (its pin and patches/)."""
+    return REPO_ROOT / "lines" / current_line()
 
 
 def default_tree() -> Path:
-    """The patched work tree the tests read: $SMLA_TREE, else <root>/work/vllm."""
-    return Path(os.environ.get("SMLA_TREE") or REPO_ROOT / "work" / "vllm")
+    """The patched work tree the tests read: $SMLA_TREE, else <root>/work/<line>/vllm."""
+    return Path(_LINE_ENV["SMLA_TREE"] or REPO_ROOT / "work" / current_line() / "vllm")
 
 
 def pytest_addoption(parser):
@@ -66,12 +91,16 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (make test-gpu)")
     config.addinivalue_line("markers", "slow: needs the real vLLM source or Triton's compiler, or "
                                        "long CPU work (make test runs it, make test-fast does not)")
+    config.addinivalue_line("markers", "line: reads one release line's tree, sdist or series (make test "
+                                       "runs it on every line, SMLA_LINE naming it)")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "vllm_tree" in item.fixturenames or item.path.name in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        if "vllm_tree" in item.fixturenames or item.path.name in LINE_MODULES:
+            item.add_marker(pytest.mark.line)
     try:
         import torch
 
@@ -84,6 +113,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _line_env(request, monkeypatch):
+    """Toolkit tests build their own projects: no line, tree or root of the run leaks into them."""
+    if request.node.get_closest_marker("line") is None:
+        for k in _LINE_ENV:
+            monkeypatch.delenv(k, raising=False)
 
 
 @pytest.fixture(scope="session")
@@ -129,9 +166,9 @@ def series_project(_series_template, tmp_path):
     """(root, tree, pin) as gitfixtures.series_project(tmp_path) gives them."""
     import gitfixtures
 
-    _copy_world(_series_template, tmp_path, [Path("project/vllm-pin.txt")])
+    _copy_world(_series_template, tmp_path, [Path("project/lines/9.9.9/vllm-pin.txt")])
     root = tmp_path / "project"
-    pin = gitfixtures.load_pin(root / "vllm-pin.txt")
+    pin = gitfixtures.load_pin(gitfixtures.pin_file(root))
     return root, tmp_path / "work" / "vllm", gitfixtures.pin_for(pin.repo, pin.commit)
 
 
@@ -149,11 +186,13 @@ def _rebase_template(tmp_path_factory) -> Path:
 def rebase_world(_rebase_template, tmp_path, monkeypatch) -> dict:
     """gitfixtures.make_rebase_world(tmp_path), with SMLA_CACHE_DIR under tmp_path."""
     monkeypatch.setenv("SMLA_CACHE_DIR", str(tmp_path / "cache"))
-    _copy_world(_rebase_template, tmp_path, [Path("root/vllm-pin.txt")])
+    _copy_world(_rebase_template, tmp_path, [Path("root/lines/0.0.1/vllm-pin.txt")])
     c0, c1, c2 = (tmp_path / "ids.txt").read_text().split()
     (tmp_path / "ids.txt").unlink()
-    return {"up": tmp_path / "upstream", "root": tmp_path / "root", "tree": tmp_path / "root" / "work" / "vllm",
-            "c0": c0, "c1": c1, "c2": c2}
+    root = tmp_path / "root"
+    return {"up": tmp_path / "upstream", "root": root, "tree": root / "work" / "0.0.1" / "vllm",
+            "line": root / "lines" / "0.0.1", "pin": root / "lines" / "0.0.1" / "vllm-pin.txt",
+            "patches": root / "lines" / "0.0.1" / "patches", "c0": c0, "c1": c1, "c2": c2}
 
 
 # ------------------------------------------------------------------ the local package index

@@ -61,16 +61,45 @@ def make_sdist(tmp: Path, files: dict[str, str] = FILES, version: str = "9.9.9")
     return path, hashlib.sha256(buf.getvalue()).hexdigest()
 
 
-def make_project(tmp: Path, repo: str, commit: str, sdist_sha: str = "0" * 64, version: str = "9.9.9") -> Path:
-    """A toolkit root: vllm-pin.txt and an empty patches/ dir."""
-    root = tmp / "project"
-    (root / "patches").mkdir(parents=True)
-    (root / "vllm-pin.txt").write_text(
+def line_dir(root: Path, release: str | None = None) -> Path:
+    """root/lines/<release>/ (default: the root's only, or newest, line)."""
+    if release is None:
+        from smla.project import lines_in
+
+        release = lines_in(root)[-1]
+    return root / "lines" / release
+
+
+def pin_file(root: Path, release: str | None = None) -> Path:
+    return line_dir(root, release) / "vllm-pin.txt"
+
+
+def patches_dir(root: Path, release: str | None = None) -> Path:
+    return line_dir(root, release) / "patches"
+
+
+def line_tree(root: Path, release: str) -> Path:
+    """The default work tree of a line: root/work/<release>/vllm."""
+    return root / "work" / release / "vllm"
+
+
+def add_line(root: Path, repo: str, commit: str, version: str, sdist_sha: str = "0" * 64) -> Path:
+    """lines/<version>/ with its pin and an empty series; the line's directory."""
+    d = root / "lines" / version
+    (d / "patches").mkdir(parents=True)
+    (d / "vllm-pin.txt").write_text(
         "# test pin\n"
         f"repo = {repo}\ncommit = {commit}\nversion = {version}\n"
         f"sdist = vllm-{version}.tar.gz\nsdist_sha256 = {sdist_sha}\n"
     )
-    (root / "patches" / "series").write_text("")
+    (d / "patches" / "series").write_text("")
+    return d
+
+
+def make_project(tmp: Path, repo: str, commit: str, sdist_sha: str = "0" * 64, version: str = "9.9.9") -> Path:
+    """A toolkit root with one release line: lines/<version>/vllm-pin.txt and an empty patches/."""
+    root = tmp / "project"
+    add_line(root, repo, commit, version, sdist_sha)
     return root
 
 
@@ -196,8 +225,8 @@ sdist_sha256 = {sha}
 
 def make_rebase_world(tmp_path: Path) -> dict:
     """For the rebase tests: an upstream repo (C0; C1: each patch in another outcome class; C2: C1 plus
-    a conflict with patch e), a toolkit root whose pin is C0 and whose series has one patch per file
-    a..e, exported from its patched tree root/work/vllm."""
+    a conflict with patch e), a toolkit root with the line 0.0.1 whose pin is C0 and whose series has
+    one patch per file a..e, exported from its patched tree root/work/0.0.1/vllm."""
     up = tmp_path / "upstream"
     up.mkdir()
     proc.git(up, "init", "-q")
@@ -206,11 +235,11 @@ def make_rebase_world(tmp_path: Path) -> dict:
     c0 = _commit(up, "C0")
 
     root = tmp_path / "root"
-    root.mkdir()
-    (root / "vllm-pin.txt").write_text(PIN_TEXT.format(repo=up, commit=c0, sha="0" * 64))
-    tree = root / "work" / "vllm"
+    (root / "lines" / "0.0.1").mkdir(parents=True)
+    (root / "lines" / "0.0.1" / "vllm-pin.txt").write_text(PIN_TEXT.format(repo=up, commit=c0, sha="0" * 64))
+    tree = line_tree(root, "0.0.1")
 
-    source.fetch(load_pin(root / "vllm-pin.txt"), tree, str(up), **quiet)
+    source.fetch(load_pin(pin_file(root)), tree, str(up), **quiet)
     # The series: one patch per file.
     write_lines(tree, "a.py", edit_lines(LINES, l5="A patched"))
     _commit(tree, "Patch a: unchanged")
@@ -222,7 +251,7 @@ def make_rebase_world(tmp_path: Path) -> dict:
     _commit(tree, "Patch d: upstream")
     write_lines(tree, "e.py", edit_lines(LINES, l30="E patched"))
     _commit(tree, "Patch e: conflicts")
-    export_mod.export(tree, root / "patches")
+    export_mod.export(tree, patches_dir(root))
 
     # C1: b gets lines on top (offsets), c changes a context line (3-way),
     # d takes the patch's change (upstream); a and e untouched.
@@ -239,7 +268,7 @@ SERIES_SUBJECTS = ("Add the kernel module", "Register the backend", "Prefer the 
 
 
 def series_project(tmp: Path, *, kernel_subject: str = SERIES_SUBJECTS[0]) -> tuple[Path, Path, Pin]:
-    """A project whose patches/ holds a 3-patch series exported from a real tree
+    """A project (one line, 9.9.9) whose patches/ holds a 3-patch series exported from a real tree
     (tmp/authoring), and a fresh work tree at the base (tmp/work/vllm, not applied). The fixture of
     the same name (tests/conftest.py) copies one built per session."""
     upstream, commit = make_upstream(tmp)
@@ -253,7 +282,7 @@ def series_project(tmp: Path, *, kernel_subject: str = SERIES_SUBJECTS[0]) -> tu
     commit_change(authoring, {"vllm/registry.py": "A = 1\nB = 2\nSPARSE = 9\nC = 3\n"}, SERIES_SUBJECTS[1])
     commit_change(authoring, {"vllm/platforms/cuda.py": cuda.replace("line 20\n", "line 20\nSPARSE\n")},
                   SERIES_SUBJECTS[2])
-    export_mod.export(authoring, root / "patches")
+    export_mod.export(authoring, patches_dir(root))
     tree = tmp / "work" / "vllm"
     source.fetch(pin, tree, "git", **quiet)
     return root, tree, pin
@@ -273,3 +302,27 @@ def python_script(path: Path, code: str) -> Path:
     path.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(body))} "$@"\n')
     path.chmod(0o755)
     return path
+# --- two release lines (tests/test_lines.py) ------------------------------------------------------
+
+KERNEL = "vllm/ops/kernel.py"
+
+
+def line_series(root: Path, release: str, upstream: Path, commit: str, *, kernel: str, glue: str) -> None:
+    """Line `release` of `root`, its tree root/work/<release>/vllm patched and exported: patch 1 adds
+    the kernel and a helper (new files), patch 2 changes upstream's registry (the line's integration)."""
+    add_line(root, str(upstream), commit, release)
+    tree = line_tree(root, release)
+    source.fetch(load_pin(pin_file(root, release)), tree, "git", **quiet)
+    commit_change(tree, {KERNEL: kernel, "vllm/ops/util.py": "X = 1\n"}, "Add the kernel")
+    commit_change(tree, {"vllm/registry.py": glue}, "Register the backend")
+    export_mod.export(tree, patches_dir(root, release))
+
+
+def two_line_project(tmp: Path) -> Path:
+    """A toolkit root with the lines 0.9.0 and 0.10.0 of one upstream (so 0.10.0 is the newest by
+    version, not by text): the same kernel, different registry glue; both trees patched."""
+    upstream, commit = make_upstream(tmp)
+    root = tmp / "project"
+    line_series(root, "0.9.0", upstream, commit, kernel="def k():\n    return 1\n", glue="A = 1\nK = 1\n")
+    line_series(root, "0.10.0", upstream, commit, kernel="def k():\n    return 1\n", glue="A = 2\nK = 1\n")
+    return root

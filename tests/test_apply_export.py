@@ -11,11 +11,11 @@ from smla import apply as apply_mod, export as export_mod, proc, series, source,
 from smla.cli import main
 from smla.errors import ApplyError, ExportError, SeriesError, TreeStateError
 
-from gitfixtures import commit_change, make_project, pin_for, quiet
+from gitfixtures import commit_change, make_project, pin_for, quiet, patches_dir, pin_file
 
 
 def load(root: Path) -> series.Series:
-    return series.load(root / "patches")
+    return series.load(patches_dir(root))
 
 
 def subjects(tree: Path) -> list[str]:
@@ -101,12 +101,12 @@ def test_patch_already_upstream_is_reported_not_reapplied(series_project, tmp_pa
     assert "1 already upstream" in said[0] and proc.git_out(tree, "rev-parse", "HEAD") == head
     # exporting now would lose the upstream patch: only with --prune
     with pytest.raises(ExportError, match="would drop 0002-Register-the-backend.patch"):
-        export_mod.export(tree, root / "patches")
+        export_mod.export(tree, patches_dir(root))
 
 
 def test_export_is_byte_stable_and_reproduces_the_series(series_project):
     root, tree, _ = series_project
-    patches = root / "patches"
+    patches = patches_dir(root)
     before = {p.name: p.read_bytes() for p in patches.iterdir()}
     mtimes = {p.name: p.stat().st_mtime_ns for p in patches.iterdir()}
     apply_mod.apply_series(load(root), tree, **quiet)
@@ -125,19 +125,19 @@ def test_export_after_edit_rewrites_only_changed_files_and_drops_stale(series_pr
     proc.git(tree, "reset", "-q", "--hard", "HEAD~1")  # drop patch 3
     commit_change(tree, {"vllm/registry.py": "A = 1\nB = 2\nSPARSE = 10\nC = 3\n"}, "Tune the registry")
     with pytest.raises(ExportError, match="would drop 0003-Prefer-the-backend-on-CUDA.patch"):
-        export_mod.export(tree, root / "patches")
-    assert (root / "patches/0003-Prefer-the-backend-on-CUDA.patch").is_file()
-    result = export_mod.export(tree, root / "patches", prune=True)
+        export_mod.export(tree, patches_dir(root))
+    assert (patches_dir(root) / "0003-Prefer-the-backend-on-CUDA.patch").is_file()
+    result = export_mod.export(tree, patches_dir(root), prune=True)
     assert result.unchanged == ["0001-Add-the-kernel-module.patch", "0002-Register-the-backend.patch"]
     assert result.written == ["0003-Tune-the-registry.patch"]
     assert result.removed == ["0003-Prefer-the-backend-on-CUDA.patch"]
-    assert (root / "patches/series").read_text().splitlines()[-1] == "0003-Tune-the-registry.patch"
+    assert (patches_dir(root) / "series").read_text().splitlines()[-1] == "0003-Tune-the-registry.patch"
 
 
 def test_empty_export_is_refused(series_project):
     root, tree, _ = series_project
     with pytest.raises(ExportError, match="nothing to export"):
-        export_mod.export(tree, root / "patches")
+        export_mod.export(tree, patches_dir(root))
     assert len(load(root).patches) == 3
 
 
@@ -161,11 +161,11 @@ def test_status_reports_patches_and_local_edits(series_project):
 # --- series validation -----------------------------------------------------
 
 def _write_patch(root: Path, name: str, diff: str, subject: str = "A patch") -> None:
-    (root / "patches" / name).write_text(
+    (patches_dir(root) / name).write_text(
         f"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
         f"From: t <t@t>\nDate: Sat, 1 Jan 2000 00:00:00 +0000\nSubject: [PATCH] {subject}\n\nWhy.\n---\n{diff}"
     )
-    (root / "patches" / "series").write_text(name + "\n")
+    (patches_dir(root) / "series").write_text(name + "\n")
 
 
 def test_path_traversal_patch_is_rejected(tmp_path):
@@ -174,12 +174,12 @@ def test_path_traversal_patch_is_rejected(tmp_path):
                  "diff --git a/../outside.txt b/../outside.txt\nnew file mode 100644\n--- /dev/null\n"
                  "+++ b/../outside.txt\n@@ -0,0 +1 @@\n+pwned\n")
     with pytest.raises(SeriesError, match="leaves the tree"):
-        series.load(root / "patches")
+        series.load(patches_dir(root))
     _write_patch(root, "0001-abs.patch",
                  "diff --git a/etc/x b/etc/x\n--- /etc/x\n+++ /etc/x\n@@ -1 +1 @@\n-a\n+b\n")
-    (root / "patches" / "0001-evil.patch").unlink()
+    (patches_dir(root) / "0001-evil.patch").unlink()
     with pytest.raises(SeriesError, match="absolute path"):
-        series.load(root / "patches")
+        series.load(patches_dir(root))
 
 
 def test_malformed_hunk_is_rejected(tmp_path):
@@ -187,16 +187,16 @@ def test_malformed_hunk_is_rejected(tmp_path):
     _write_patch(root, "0001-bad.patch",
                  "diff --git a/f.txt b/f.txt\n--- a/f.txt\n+++ b/f.txt\n@@ -1,5 +1,5 @@\n-a\n+b\n")
     with pytest.raises(SeriesError, match="malformed diff"):
-        series.load(root / "patches")
+        series.load(patches_dir(root))
 
 
 def test_series_and_directory_must_agree(series_project):
     root, _, _ = series_project
-    (root / "patches" / "0009-stray.patch").write_text("x")
+    (patches_dir(root) / "0009-stray.patch").write_text("x")
     with pytest.raises(SeriesError, match="not in series: 0009-stray.patch"):
         load(root)
-    (root / "patches" / "0009-stray.patch").unlink()
-    (root / "patches" / "0002-Register-the-backend.patch").unlink()
+    (patches_dir(root) / "0009-stray.patch").unlink()
+    (patches_dir(root) / "0002-Register-the-backend.patch").unlink()
     with pytest.raises(SeriesError, match="missing: 0002-Register-the-backend.patch"):
         load(root)
 
@@ -244,7 +244,7 @@ def test_fetch_force_refuses_to_lose_unexported_work(series_project):
     assert refused.exit_code == TreeStateError.exit_code, refused.output
     assert "Unexported fix" in refused.output and "--discard" in refused.output
     assert subjects(tree)[-1] == "Unexported fix"
-    export_mod.export(tree, root / "patches")  # saved: now replacing is allowed
+    export_mod.export(tree, patches_dir(root))  # saved: now replacing is allowed
     ok = runner.invoke(main, args)
     assert ok.exit_code == 0, ok.output
     assert subjects(tree) == []
@@ -261,7 +261,7 @@ def test_commands_refuse_a_stopped_rebase(series_project):
     state.parent.mkdir()
     state.write_text("{}")
     for call in (lambda: apply_mod.apply_series(load(root), tree, **quiet),
-                 lambda: export_mod.export(tree, root / "patches"),
+                 lambda: export_mod.export(tree, patches_dir(root)),
                  lambda: source.fetch(pin_for("x", "5" * 40), tree, "git",
                                       force=True, **quiet)):
         with pytest.raises(TreeStateError, match="rebase` is stopped"):

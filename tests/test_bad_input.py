@@ -20,7 +20,7 @@ from smla import apply as apply_mod, cache, proc, series
 from smla.cli import main
 from smla.errors import ChecksumError, FetchError, NotInSync, PinError, SeriesError, TreeStateError, UsageError
 
-from gitfixtures import REPO_ROOT, IndexServer, make_project, make_sdist, quiet
+from gitfixtures import REPO_ROOT, IndexServer, make_project, make_sdist, quiet, patches_dir, pin_file
 
 
 def cli(root: Path, tree: Path | None, *args: str, env: dict | None = None):
@@ -82,7 +82,7 @@ def test_unwritable_cache_is_a_clear_error_and_json_under_json(tmp_path, index, 
     assert ex.exit_code == 15 and error_json(ex)["kind"] == "FilesystemError", ex.output
     assert "SMLA_CACHE_DIR" in error_json(ex)["hint"] and f"{unwritable_dir}/trees" in error_json(ex)["message"]
     # build-wheel --json downloads the official wheel into the cache
-    apply_mod.apply_series(series.load(p_root / "patches"), p_tree, **quiet)
+    apply_mod.apply_series(series.load(patches_dir(p_root)), p_tree, **quiet)
     index.publish("vllm", [("vllm-9.9.9-cp38-abi3-manylinux_2_28_x86_64.whl", b"not a wheel")])
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
     bw = cli(p_root, p_tree, "build-wheel", "--json", "--out", str(tmp_path / "dist"))
@@ -182,7 +182,7 @@ def test_what_a_killed_apply_left_is_removed_by_the_next_run(series_project, tmp
 
 def test_uncommitted_edit_does_not_block_make_targets(series_project):
     root, tree, _ = series_project
-    apply_mod.apply_series(series.load(root / "patches"), tree, **quiet)
+    apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)
     (tree / "vllm" / "ops" / "kernel.py").write_text("def k():\n    return 3  # trying something\n")
     res = cli(root, tree, "patch")  # what make test / build-wheel / explain run first
     # old code: exit 7 "has uncommitted changes ... or rerun with --force"
@@ -213,7 +213,7 @@ def test_wrong_pin_sha_keeps_the_good_cached_sdist(tmp_path, index):
     assert ok.exit_code == 0, ok.output
     cached = tmp_path / "cache" / "downloads" / "vllm-9.9.9.tar.gz"
     good = cached.read_bytes()
-    pin = root / "vllm-pin.txt"
+    pin = pin_file(root)
     pin.write_text("\n".join("sdist_sha256 = " + "0" * 64 if line.startswith("sdist_sha256") else line
                              for line in pin.read_text().splitlines()) + "\n")
     line = next(i for i, l in enumerate(pin.read_text().splitlines(), 1) if l.startswith("sdist_sha256"))
@@ -242,7 +242,7 @@ def test_a_wrong_expected_sha_never_deletes_the_cached_file(tmp_path, index):
 
 def test_fuzzed_apply_is_not_reported_in_sync(series_project):
     root, tree, _ = series_project
-    third = sorted((root / "patches").glob("0003-*.patch"))[0]
+    third = sorted((patches_dir(root)).glob("0003-*.patch"))[0]
     text = third.read_text()
     assert "\n line 18\n" in text
     third.write_text(text.replace("\n line 18\n", "\n line eighteen\n"))  # one context line differs
@@ -268,7 +268,7 @@ def test_fuzzed_apply_is_not_reported_in_sync(series_project):
 
 def _set_pin(root: Path, **values: str) -> int:
     """Rewrite keys of the project's pin; return the line number of the first one."""
-    pin = root / "vllm-pin.txt"
+    pin = pin_file(root)
     lines = pin.read_text().splitlines()
     first = None
     for i, l in enumerate(lines):
@@ -282,7 +282,7 @@ def _set_pin(root: Path, **values: str) -> int:
 
 def test_pin_version_that_is_not_the_trees_is_not_in_sync(series_project):
     root, tree, _ = series_project
-    apply_mod.apply_series(series.load(root / "patches"), tree, **quiet)
+    apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)
     line = _set_pin(root, version="9.9.10", sdist="vllm-9.9.10.tar.gz")
     st = cli(root, tree, "status")
     # old code: "pin vLLM 9.9.10" without a word, and --check exit 0
@@ -304,7 +304,7 @@ def test_every_command_validates_the_pin_and_names_the_line(series_project, valu
     # old code: apply/export/explain never read the pin; the pin accepted these; no hint
     assert res.exit_code == PinError.exit_code == 3, res.output
     assert f"vllm-pin.txt:{line}: " in res.stderr and message in res.stderr
-    assert "hint:" in res.stderr and f"({root / 'vllm-pin.txt'}:{line})" in res.stderr
+    assert "hint:" in res.stderr and f"({pin_file(root)}:{line})" in res.stderr
 
 
 def test_lost_base_tag_hints_lead_out(series_project):
@@ -345,7 +345,7 @@ def test_usage_errors_without_json_say_error_and_hint(series_project):
 
 def test_errors_that_had_no_hint(series_project, tmp_path, index):
     root, tree, _ = series_project
-    bad = sorted((root / "patches").glob("0002-*.patch"))[0]
+    bad = sorted((patches_dir(root)).glob("0002-*.patch"))[0]
     bad.write_text(bad.read_text().replace("@@ -1,3 +1,4 @@", "@@ -1,3 +1,9 @@"))
     malformed = cli(root, tree, "apply", "--json")
     assert malformed.exit_code == SeriesError.exit_code and error_json(malformed)["hint"], malformed.output
@@ -369,13 +369,13 @@ def test_refused_first_fetch_leaves_no_empty_work_dir(tmp_path, monkeypatch):
 
 def test_rebase_onto_the_current_release_or_commit_claims_nothing(rebase_world):
     w = rebase_world
-    pin_before = (w["root"] / "vllm-pin.txt").read_text()
+    pin_before = (w["pin"]).read_text()
     res = cli(w["root"], w["tree"], "rebase", "--onto", w["c0"])
     assert res.exit_code == 0, res.output
     # old code: "... sets sdist = none, so this pin is fetched with git only" while nothing changed
     assert "sdist = none" not in res.output and "nothing to rebase" in res.output
     assert "unchanged" in res.output
-    assert (w["root"] / "vllm-pin.txt").read_text() == pin_before
+    assert (w["pin"]).read_text() == pin_before
 
 
 def test_rebase_onto_an_older_release_says_so():

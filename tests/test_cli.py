@@ -21,7 +21,7 @@ from smla.errors import (ApplyError, CommandError, FetchError, LockError, Rebase
 from smla.project import TREE_ENV, Project
 
 import gitfixtures
-from gitfixtures import REPO_ROOT, commit_change, make_sdist, quiet
+from gitfixtures import REPO_ROOT, commit_change, make_sdist, quiet, patches_dir, pin_file
 
 
 def run(*args: str, env: dict | None = None):
@@ -42,7 +42,7 @@ def test_one_tree_variable(series_project, monkeypatch):
     root, tree, _ = series_project
     assert TREE_ENV == "SMLA_TREE"
     monkeypatch.setenv("SMLA_TREE", str(tree))
-    assert Project(root).default_tree == tree
+    assert Project.discover(root).default_tree == tree
     res = run("--root", str(root), "status", env={"SMLA_TREE": str(tree)})
     assert res.exit_code == 0 and f"work tree   {tree}" in res.output
     users = [p for p in [*REPO_ROOT.glob("tools/smla/*.py"), *REPO_ROOT.glob("tests/*.py"), *REPO_ROOT.glob("bench/*.py"),
@@ -79,12 +79,16 @@ def test_exit_codes_are_distinct():
 
 
 def test_rebase_test_failure_has_its_own_exit_code():
+    """A rebase whose CPU suite fails is `broken`: RebaseBroken, exit 13 (a TestsFailed)."""
+    from smla.errors import RebaseBroken
     from smla.rebase import RebaseResult
 
-    r = RebaseResult("clean", "/t", {}, {}, {}, [], {}, tests={"passed": False, "returncode": 1, "command": "x",
-                                                               "tail": ""})
-    with pytest.raises(TestsFailed):  # old code: CommandError (exit 12, "external command failed")
+    r = RebaseResult("broken", "/t", {}, {}, {}, [], {}, tests={"passed": False, "returncode": 1, "command": "x",
+                                                                "tail": ""})
+    with pytest.raises(TestsFailed) as info:  # old code: CommandError (exit 12, "external command failed")
         r.raise_for_status()
+    assert isinstance(info.value, RebaseBroken) and info.value.exit_code == 13
+    assert "CPU suite exited 1" in info.value.message
 
 
 def test_hints_are_quoted_shell_commands(tmp_path):
@@ -96,7 +100,7 @@ def test_hints_are_quoted_shell_commands(tmp_path):
     proc.git(tree, "commit", "-qam", "local drift")
     proc.git(tree, "tag", "-f", "smla-base")
     with pytest.raises(ApplyError) as err:
-        apply_mod.apply_series(series.load(root / "patches"), tree, **quiet)
+        apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)
     commands = re.findall(r"`([^`]+)`", err.value.hint)
     git_cmd = next(c for c in commands if c.startswith("git "))
     assert shlex.split(git_cmd)[:3] == ["git", "-C", str(tree)]  # old code: unquoted, splits at the space
@@ -106,7 +110,7 @@ def test_hints_are_quoted_shell_commands(tmp_path):
 def test_clean_keeps_unexported_work_unless_discard(series_project):
     root, tree, _ = series_project
     args = ["clean", "--root", str(root), "--tree", str(tree)]
-    apply_mod.apply_series(series.load(root / "patches"), tree, **quiet)
+    apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)
     commit_change(tree, {"vllm/new.py": "x = 1\n"}, "Unexported fix")
     refused = run(*args)
     assert refused.exit_code == TreeStateError.exit_code and "Unexported fix" in refused.output
@@ -118,8 +122,9 @@ def test_clean_keeps_unexported_work_unless_discard(series_project):
 def test_makefile_clean_goes_through_the_guard():
     text = (REPO_ROOT / "Makefile").read_text()
     recipe = text.split("\nclean:", 1)[1].split("\n\n", 1)[0]
-    assert "$(SMLA) clean" in recipe
-    assert recipe.index("$(SMLA) clean") < recipe.index("rm -rf")
+    guard = "smla --line $$l clean"  # every line's work tree, through the guard
+    assert guard in recipe and "for l in $(LINES)" in recipe
+    assert recipe.index(guard) < recipe.index("rm -rf")
 
 
 def test_progress_goes_to_stderr_only_on_a_terminal(monkeypatch):

@@ -10,6 +10,7 @@ from smla import treeinfo
 from smla import cache, pin as pin_mod, proc, source
 from smla.errors import ChecksumError, FetchError, PinError, TreeStateError
 
+from conftest import line_dir
 from gitfixtures import FILES, REPO_ROOT, make_sdist, make_upstream, pin_for, quiet
 
 
@@ -28,7 +29,7 @@ def _cache_leftovers(tmp_path: Path) -> list[str]:
 # --- pin ------------------------------------------------------------------
 
 def test_pin_loads_and_rejects_bad_values(tmp_path):
-    good = REPO_ROOT / "vllm-pin.txt"
+    good = line_dir() / "vllm-pin.txt"
     p = pin_mod.load(good)  # the repository's own pin loads, whatever it pins
     assert p.commit and p.version
     bad = tmp_path / "pin.txt"
@@ -45,7 +46,7 @@ def test_pin_loads_and_rejects_bad_values(tmp_path):
 
 
 def test_pin_save_keeps_comments(tmp_path):
-    src = REPO_ROOT / "vllm-pin.txt"
+    src = line_dir() / "vllm-pin.txt"
     path = tmp_path / "pin.txt"
     path.write_text(src.read_text())
     p = pin_mod.load(path)

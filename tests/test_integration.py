@@ -31,12 +31,12 @@ def commit_pin_project(tmp: Path) -> Project:
     """A toolkit root pinned to a commit (sdist = none) of a local git upstream, with a two-patch series."""
     upstream, commit = make_upstream(tmp)
     root = tmp / "project"
-    (root / "patches").mkdir(parents=True)
-    (root / "vllm-pin.txt").write_text(
+    (root / "lines" / "9.9.9" / "patches").mkdir(parents=True)
+    (root / "lines" / "9.9.9" / "vllm-pin.txt").write_text(
         "# a commit pin (a nightly after `smla rebase --onto <commit>`)\n"
         f"repo = {upstream}\ncommit = {commit}\nversion = 9.9.9\nsdist = none\nsdist_sha256 = none\n"
     )
-    project = Project(root)
+    project = Project(root, "9.9.9")
     tree = tmp / "authoring"
     source.fetch(project.pin(), tree, "git", **quiet)
     lines = (tree / "vllm/platforms/cuda.py").read_text().replace("line 20\n", "line 20 patched\n")
@@ -51,7 +51,7 @@ def commit_pin_project(tmp: Path) -> Project:
 @pytest.fixture(scope="module", params=["pinned", "commit-pin"])
 def fresh_tree(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(request.param)
-    project = Project(ROOT) if request.param == "pinned" else commit_pin_project(tmp)
+    project = Project.at(ROOT) if request.param == "pinned" else commit_pin_project(tmp)  # the line under test
     pin = project.pin()
     tree = tmp / "vllm"
     info = source.fetch(pin, tree, source_for(pin), **quiet)

@@ -83,14 +83,14 @@ def test_clean_discard_through_smla_tree_is_refused_too(series_project, tmp_path
 
 
 def test_make_clean_goes_through_the_guard_for_its_own_tree_only():
-    """`make clean` cleans work/vllm through `smla clean` (not whatever $SMLA_TREE names, while work/
+    """`make clean` cleans each line's work/<release>/vllm through `smla clean` (not whatever $SMLA_TREE names, while work/
     goes unguarded) and removes work/ only when nothing else is left in it."""
     from gitfixtures import REPO_ROOT
 
     text = (REPO_ROOT / "Makefile").read_text()
     recipe = text.split("\nclean:", 1)[1].split("\n\n", 1)[0]
-    assert "$(SMLA) clean --tree work/vllm $(ARGS)" in recipe  # old code: `$(SMLA) clean`, then `rm -rf work`
-    assert "rm -rf work" not in recipe and "rmdir work" in recipe
+    assert "clean --tree work/$$l/vllm $(ARGS)" in recipe  # old code: `$(SMLA) clean`, then `rm -rf work`
+    assert "rm -rf work" not in recipe and "rmdir $$d" in recipe
 
 
 def test_clean_discard_still_removes_work_trees(series_project):

@@ -6,7 +6,7 @@ import re
 from smla import treeinfo
 from smla import apply as apply_mod, proc, series
 
-from gitfixtures import REPO_ROOT
+from gitfixtures import REPO_ROOT, patches_dir, pin_file
 
 
 def test_inherited_git_variables_do_not_redirect(series_project, tmp_path, monkeypatch):
@@ -30,7 +30,7 @@ def test_inherited_git_variables_do_not_redirect(series_project, tmp_path, monke
     env = proc.git_env()
     assert not {"GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_CONFIG_COUNT"} & set(env)
     assert env["GIT_SSH_COMMAND"] == "ssh -o BatchMode=yes"
-    result = apply_mod.apply_series(series.load(root / "patches"), tree, echo=lambda *_: None)
+    result = apply_mod.apply_series(series.load(patches_dir(root)), tree, echo=lambda *_: None)
     assert [o.state for o in result.outcomes] == ["applied"] * 3
     assert len(treeinfo.commits_above_base(tree)) == 3
     monkeypatch.delenv("GIT_DIR")

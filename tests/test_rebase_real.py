@@ -26,7 +26,7 @@ from smla import cache, proc, source
 from smla.cli import main
 from smla.pin import load
 
-from gitfixtures import REPO_ROOT
+from conftest import line_dir
 ONTO = os.environ.get("SMLA_REAL_ONTO", "0.33.0")
 FULL_COMMIT = os.environ.get("SMLA_REAL_UPSTREAM_COMMIT")  # e.g. f2654939e69b4069b13977e9aef3e31d4dcaf051 for 0.26.0
 
@@ -36,9 +36,9 @@ pytestmark = [
 ]
 
 
-def _snapshot(root: Path) -> dict[str, bytes]:
-    out = {"vllm-pin.txt": (root / "vllm-pin.txt").read_bytes()}
-    out.update({f"patches/{f.name}": f.read_bytes() for f in sorted((root / "patches").iterdir())})
+def _snapshot(line: Path) -> dict[str, bytes]:
+    out = {"vllm-pin.txt": (line / "vllm-pin.txt").read_bytes()}
+    out.update({f"patches/{f.name}": f.read_bytes() for f in sorted((line / "patches").iterdir())})
     return out
 
 
@@ -56,24 +56,28 @@ def _fresh(tmp: Path, alternate: Path) -> Path:
 
 
 def test_real_rebase_onto_a_newer_release(tmp_path):
-    patches = Path(os.environ.get("SMLA_REAL_PATCHES", REPO_ROOT / "patches"))
+    patches = Path(os.environ.get("SMLA_REAL_PATCHES", line_dir() / "patches"))
     if not (patches / "series").is_file():
         pytest.skip(f"no series in {patches} yet")
+    pin_src = Path(os.environ.get("SMLA_REAL_PIN", line_dir() / "vllm-pin.txt"))
+    old_pin = load(pin_src)
     root = tmp_path / "root"
-    root.mkdir()
-    pin_src = Path(os.environ.get("SMLA_REAL_PIN", REPO_ROOT / "vllm-pin.txt"))
-    shutil.copy2(pin_src, root / "vllm-pin.txt")
-    shutil.copytree(patches, root / "patches")
-    old_pin = load(root / "vllm-pin.txt")
-    tree = root / "work" / "vllm"
-    before = _snapshot(root)
+    old_line = root / "lines" / old_pin.version
+    old_line.mkdir(parents=True)
+    shutil.copy2(pin_src, old_line / "vllm-pin.txt")
+    shutil.copytree(patches, old_line / "patches")
+    old_tree = root / "work" / old_pin.version / "vllm"
+    tree = root / "work" / ONTO / "vllm"  # the new line's tree: the rebase opens lines/<ONTO>/
+    before = _snapshot(old_line)
 
     commit_args = ["--upstream-commit", FULL_COMMIT] if FULL_COMMIT else []
-    res = CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "rebase", "--onto", ONTO,
-                                    *commit_args, "--source", "sdist", "--report-dir", str(tmp_path / "rep")])
-    assert res.exit_code in (0, 11), res.output
+    res = CliRunner().invoke(main, ["--root", str(root), "--line", old_pin.version, "rebase", "--onto", ONTO,
+                                    *commit_args, "--source", "sdist", "--no-test",
+                                    "--report-dir", str(tmp_path / "rep")])
+    assert res.exit_code in (0, 11, 13), res.output
     data = json.loads((tmp_path / "rep" / "rebase-report.json").read_text())
-    assert data["status"] == ("clean" if res.exit_code == 0 else "conflict")
+    assert data["status"] == {0: "clean", 11: "conflict", 13: "broken"}[res.exit_code]
+    assert _snapshot(old_line) == before and not old_tree.exists()  # the old line is never written
     assert data["old_base"]["version"] == old_pin.version and data["new_base"]["version"] == ONTO
     assert data["new_base"]["commit_kind"] == ("full" if FULL_COMMIT else "abbreviated")
 
@@ -111,13 +115,12 @@ def test_real_rebase_onto_a_newer_release(tmp_path):
 
     if res.exit_code == 11:
         assert (tree / ".git" / "smla-rebase" / "state.json").is_file()
-        abort = CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "rebase", "--abort"])
+        abort = CliRunner().invoke(main, ["--root", str(root), "--line", ONTO, "rebase", "--abort"])
         assert abort.exit_code == 0, abort.output
-        assert _snapshot(root) == before
-        info = treeinfo.read_tree_info(tree)
-        assert info.version == old_pin.version and proc.git(tree, "status", "--porcelain").stdout == ""
+        assert _snapshot(old_line) == before
+        assert not (root / "lines" / ONTO).exists() and not tree.exists()  # the opened line and its tree go
     else:
-        after = load(root / "vllm-pin.txt")
+        after = load(root / "lines" / ONTO / "vllm-pin.txt")
         assert after.version == ONTO
         if FULL_COMMIT:
             assert (after.commit, after.commit_kind) == (FULL_COMMIT, "full")

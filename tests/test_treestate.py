@@ -14,12 +14,12 @@ from smla.cli import main
 from smla.errors import ExportError, NotInSync, TreeStateError
 
 import gitfixtures
-from gitfixtures import commit_change, quiet
+from gitfixtures import commit_change, quiet, patches_dir, pin_file
 KERNEL = "0001-Add-the-kernel-module.patch"
 
 
 def load(root: Path) -> series.Series:
-    return series.load(root / "patches")
+    return series.load(patches_dir(root))
 
 
 def cli(root: Path, tree: Path, *args: str):
@@ -38,7 +38,7 @@ def teammate_changes_kernel(tmp_path: Path, root: Path, pin) -> None:
                   "Why: the backend needs a kernel.")
     for c in later:
         proc.git(mate, "cherry-pick", c)
-    result = export_mod.export(mate, root / "patches")
+    result = export_mod.export(mate, patches_dir(root))
     assert result.written == [KERNEL], result
 
 
@@ -84,7 +84,7 @@ def test_fresh_tree_status_says_apply(series_project):
 def test_status_tells_patches_newer_and_its_hint_loses_nothing(applied, tmp_path):
     root, tree, pin = applied
     teammate_changes_kernel(tmp_path, root, pin)
-    pulled = (root / "patches" / KERNEL).read_bytes()
+    pulled = (patches_dir(root) / KERNEL).read_bytes()
     s = status_mod.status(pin, tree, load(root))
     assert s["state"] == "patches-newer" and not s["in_sync"]
     assert s["changed_patches"] == [{"name": KERNEL, "change": "changed"}]
@@ -93,11 +93,11 @@ def test_status_tells_patches_newer_and_its_hint_loses_nothing(applied, tmp_path
     assert "patches/ is newer than the tree" in status_mod.text(s)
     # the command the old hint pointed at is refused now: it would overwrite the pulled fix
     with pytest.raises(ExportError, match="patches/ changed since the tree"):
-        export_mod.export(tree, root / "patches")
-    assert (root / "patches" / KERNEL).read_bytes() == pulled
+        export_mod.export(tree, patches_dir(root))
+    assert (patches_dir(root) / KERNEL).read_bytes() == pulled
     # following the hint keeps the pulled fix
     apply_mod.apply_series(load(root), tree, **quiet)
-    assert (root / "patches" / KERNEL).read_bytes() == pulled
+    assert (patches_dir(root) / KERNEL).read_bytes() == pulled
     assert status_mod.status(pin, tree, load(root))["state"] == "in-sync"
 
 
@@ -107,7 +107,7 @@ def test_status_tells_tree_edits_and_hints_export(applied):
     s = status_mod.status(pin, tree, load(root))
     assert s["state"] == "tree-edited" and [c["subject"] for c in s["local_commits"]] == ["A local fix"]
     assert "`smla export`" in s["hint"]
-    export_mod.export(tree, root / "patches")
+    export_mod.export(tree, patches_dir(root))
     assert status_mod.status(pin, tree, load(root))["state"] == "in-sync"
 
 
@@ -120,7 +120,7 @@ def test_amended_patch_commit_is_an_edit_exported_in_place(applied):
     st = treestate.compare(tree, load(root))
     assert st.kind == treestate.TREE_EDITED and [s for _, s in st.edited] == ["Register the backend"]
     assert st.dropped == []
-    result = export_mod.export(tree, root / "patches")  # no --prune needed: the patch is rewritten
+    result = export_mod.export(tree, patches_dir(root))  # no --prune needed: the patch is rewritten
     assert result.written == ["0002-Register-the-backend.patch"]
     assert treestate.compare(tree, load(root)).in_sync
 
@@ -137,7 +137,7 @@ def test_both_changed_is_refused_naming_patches_and_both_ways_out(applied, tmp_p
     assert "smla export --force" in hint and "git -C" in hint and "branch" in hint and "cherry-pick" in hint
     assert proc.git_out(tree, "rev-parse", "HEAD") == head
     with pytest.raises(ExportError, match="patches/ changed since the tree"):
-        export_mod.export(tree, root / "patches")
+        export_mod.export(tree, patches_dir(root))
     s = status_mod.status(pin, tree, load(root))
     assert s["state"] == "diverged"
     assert "branch" in s["hint"] and "cherry-pick" in s["hint"] and "--force" not in s["hint"]
@@ -146,7 +146,7 @@ def test_both_changed_is_refused_naming_patches_and_both_ways_out(applied, tmp_p
     proc.git(tree, "reset", "--keep", "smla-base")
     apply_mod.apply_series(load(root), tree, **quiet)
     proc.git(tree, "cherry-pick", local)
-    export_mod.export(tree, root / "patches")
+    export_mod.export(tree, patches_dir(root))
     names = load(root).names()
     assert names[-1] == "0004-A-local-fix.patch" and "return 2  # the fix" in (tree / "vllm/ops/kernel.py").read_text()
     assert status_mod.status(pin, tree, load(root))["state"] == "in-sync"
@@ -155,8 +155,8 @@ def test_both_changed_is_refused_naming_patches_and_both_ways_out(applied, tmp_p
 def test_export_force_overwrites_on_purpose(applied, tmp_path):
     root, tree, pin = applied
     teammate_changes_kernel(tmp_path, root, pin)
-    export_mod.export(tree, root / "patches", force=True)
-    assert "return 2" not in (root / "patches" / KERNEL).read_text()
+    export_mod.export(tree, patches_dir(root), force=True)
+    assert "return 2" not in (patches_dir(root) / KERNEL).read_text()
     assert treestate.compare(tree, load(root)).in_sync
 
 
@@ -206,13 +206,13 @@ def test_non_ascii_subject_round_trips(tmp_path):
     patch = load(root).patches[0]
     assert patch.subject == subject  # decoded, not "=?UTF-8?q?...?="
     assert "=?UTF-8?q?" in patch.path.read_text()
-    before = {p.name: p.read_bytes() for p in (root / "patches").iterdir()}
+    before = {p.name: p.read_bytes() for p in (patches_dir(root)).iterdir()}
     apply_mod.apply_series(load(root), tree, **quiet)
     assert proc.git_out(tree, "log", "-1", "--format=%s", "HEAD~2") == subject
     said = []
     again = apply_mod.apply_series(load(root), tree, echo=said.append)  # old code: "commits not in the series"
     assert [o.state for o in again.outcomes] == ["already-applied"] * 3 and "nothing to do" in said[0]
-    result = export_mod.export(tree, root / "patches")  # old code: "would drop 0001-..."
+    result = export_mod.export(tree, patches_dir(root))  # old code: "would drop 0001-..."
     assert result.written == [] and result.removed == []
-    assert {p.name: p.read_bytes() for p in (root / "patches").iterdir()} == before
+    assert {p.name: p.read_bytes() for p in (patches_dir(root)).iterdir()} == before
     assert status_mod.status(pin, tree, load(root))["state"] == "in-sync"

@@ -428,10 +428,11 @@ def test_from_source_needs_cuda_torch(env, tmp_path):
 
 def test_cli_json_and_exit_code(env, tmp_path):
     root = tmp_path / "root"
-    (root / "patches").mkdir(parents=True)
+    line = root / "lines" / PIN.version
+    (line / "patches").mkdir(parents=True)
     for f in env["patches"].iterdir():
-        (root / "patches" / f.name).write_bytes(f.read_bytes())
-    (root / "vllm-pin.txt").write_text("".join(f"{k} = {getattr(PIN, k)}\n" for k in
+        (line / "patches" / f.name).write_bytes(f.read_bytes())
+    (line / "vllm-pin.txt").write_text("".join(f"{k} = {getattr(PIN, k)}\n" for k in
                                                ("repo", "commit", "version", "sdist", "sdist_sha256")))
     args = ["--root", str(root), "--tree", str(env["tree"]), "build-wheel", "--base-wheel", str(env["base"])]
     res = CliRunner().invoke(main, [*args, "--json"])

@@ -18,9 +18,10 @@
 # OUTDIR must be git-ignored (.gitignore lists the default, .gpu-port).
 set -euo pipefail
 out=${1:-.gpu-port}
-version=$(sed -n 's/^version *= *//p' vllm-pin.txt)
+line=${SMLA_LINE:-$(ls lines | grep -E '^[0-9]' | sort -V | tail -n 1)}  # the release line (default: newest)
+version=$(sed -n 's/^version *= *//p' "lines/$line/vllm-pin.txt")
 wheel=${2:-$HOME/.cache/vllm-sparse-mla/downloads/vllm-$version-cp38-abi3-manylinux_2_28_x86_64.whl}
-tree=${SMLA_TREE:-work/vllm}
+tree=${SMLA_TREE:-work/$line/vllm}
 py=${PYTHON:-python3}
 test -f "$wheel" || { echo "no official wheel at $wheel (give its path as the 2nd argument)" >&2; exit 2; }
 rm -rf "$out" && mkdir -p "$out/so" "$out/kern/vllm/v1/attention/ops" "$out/tree/whl" \

@@ -23,9 +23,10 @@ from smla import apply as apply_mod
 from smla import clean as clean_mod
 from smla import export as export_mod
 from smla import fetch as fetch_mod
+from smla import lines as lines_mod
 from smla import status as status_mod
-from smla.errors import Interrupted, NotInSync, SmlaError, UsageError, cmd
-from smla.project import TREE_ENV, Project
+from smla.errors import FilesystemError, Interrupted, NotInSync, SmlaError, UsageError, cmd
+from smla.cli_options import Ctx, global_options, line_help, log_level, pass_ctx, root_help, tree_help, verbose_help
 
 # The signal that stopped the run (SIGINT for Ctrl-C, SIGTERM): its exit code is 128 + it.
 _stopped_by = [signal.SIGINT]
@@ -120,84 +121,26 @@ def _locked(fn):
     return wrapper
 
 
-class Ctx:
-    def __init__(self, root: Path | None, tree: Path | None, verbose: int):
-        self._root = root
-        self._tree = tree
-        self.verbose = verbose
-
-    @functools.cached_property
-    def project(self) -> Project:
-        return Project.discover(self._root)
-
-    @property
-    def tree(self) -> Path:
-        return (self._tree or self.project.default_tree).absolute()
-
-
-pass_ctx = click.make_pass_decorator(Ctx)
-tree_help = f"vLLM work tree (default: <root>/work/vllm, or ${TREE_ENV})."
-root_help = "Toolkit checkout (default: $SMLA_ROOT, else found from the current directory)."
-verbose_help = "Log every git/subprocess command (-v) and debug detail (-vv)."
-
-
-def _log_level(verbose: int) -> int:
-    return logging.WARNING if not verbose else logging.INFO if verbose == 1 else logging.DEBUG
-
-
-def _set_root(ctx, _param, value):
-    if value is not None:
-        ctx.ensure_object(Ctx)._root = value
-
-
-def _set_tree(ctx, _param, value):
-    if value is not None:
-        ctx.ensure_object(Ctx)._tree = value
-
-
-def _add_verbose(ctx, _param, value):
-    if value:
-        c = ctx.ensure_object(Ctx)
-        c.verbose += value
-        logging.getLogger().setLevel(_log_level(c.verbose))
-
-
-def global_options(*, tree: bool = True):
-    """--root, --tree and -v on a subcommand too: `smla status --tree X` = `smla --tree X status`."""
-    opts = [
-        click.option("--root", type=click.Path(file_okay=False, path_type=Path), expose_value=False,
-                     callback=_set_root, help=root_help),
-        click.option("-v", "--verbose", count=True, expose_value=False, callback=_add_verbose, help=verbose_help),
-    ]
-    if tree:
-        opts.append(click.option("--tree", type=click.Path(file_okay=False, path_type=Path), expose_value=False,
-                                 callback=_set_tree, help=tree_help))
-
-    def deco(fn):
-        for opt in opts:
-            fn = opt(fn)
-        return fn
-
-    return deco
-
-
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), help=root_help)
+@click.option("--line", metavar="RELEASE", help=line_help)
 @click.option("--tree", type=click.Path(file_okay=False, path_type=Path), help=tree_help)
 @click.option("-v", "--verbose", count=True, help=verbose_help)
 @click.version_option(__version__, prog_name="smla")
 @click.pass_context
-def main(ctx, root, tree, verbose):
+def main(ctx, root, line, tree, verbose):
     """Keep the sparse-MLA patch series for vLLM applied, exported and rebased.
 
-    Typical use: `smla patch` (fetch the pinned vLLM and apply patches/series),
-    edit and commit in the work tree, `smla export`, `smla status`.
-    --root, --tree and -v go before or after the command name
+    Typical use: `smla patch` (fetch the line's pinned vLLM and apply its series),
+    edit and commit in the work tree, `smla export`, `smla status`. Each release
+    line lives in lines/<release>/ (pin + patches/); --line picks one (default:
+    $SMLA_LINE, else the newest); `smla lines` lists them.
+    --root, --line, --tree and -v go before or after the command name
     (`explain --tree` is explain's own option: give the work tree before `explain`).
     Cache: $SMLA_CACHE_DIR (default ~/.cache/vllm-sparse-mla).
     """
-    logging.basicConfig(level=_log_level(verbose), format="%(message)s", stream=sys.stderr)
-    ctx.obj = Ctx(root, tree, verbose)
+    logging.basicConfig(level=log_level(verbose), format="%(message)s", stream=sys.stderr)
+    ctx.obj = Ctx(root, tree, verbose, line)
 
 
 def _series(c: Ctx, *, allow_empty: bool = False) -> series.Series:
@@ -362,7 +305,9 @@ def build_wheel(c: Ctx, base_wheel, from_source, full_cuda_build, python, out_di
                    "the pinned tree when it is missing.")
 @click.option("--upstream-commit", metavar="SHA",
               help="Full commit id of a version target, when neither the sdist nor a mirror gives it.")
-@click.option("--test", "run_tests", is_flag=True, help="Run the CPU suite against the rebased tree.")
+@click.option("--test/--no-test", "run_tests", default=True, show_default=True,
+              help="After replaying, run the line's CPU tests against the rebased tree (the import and "
+                   "selector checks always run).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write <name>.{json,md,txt} there (remembered: --continue/--abort report there too).")
@@ -373,15 +318,20 @@ def build_wheel(c: Ctx, base_wheel, from_source, full_cuda_build, python, out_di
 @_handle_errors
 @_locked
 def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, as_json, report_dir, report_name):
-    """Carry the series onto a newer vLLM (three-way), update the pin, re-export patches/.
+    """Open a new release line from this one on a newer vLLM (three-way), or move this line to a commit.
 
-    Exit 0: rebased cleanly; 11: stopped on a conflict (resolve, then --continue,
-    or --abort); others: errors. See docs/rebase.md.
+    --onto VERSION opens lines/VERSION/ (pin + patches/) with its own tree
+    work/VERSION/vllm and leaves this line untouched; --onto COMMIT keeps the
+    release and rebases this line in place. After replaying, the result is
+    checked semantically (imports, selector, the line's CPU tests).
+    Exit 0: rebased and checked; 11: stopped on a conflict (resolve, then
+    --continue, or --abort); 13: replayed but semantically broken; others:
+    errors. See docs/rebase.md.
     """
     from smla import rebase as rebase_mod
 
     echo = (lambda *_: None) if as_json else click.echo
-    result, written = rebase_mod.run(c.project, c.tree, onto=onto, continue_=continue_, abort=abort,
+    result, written = rebase_mod.run(c.project, c.explicit_tree, onto=onto, continue_=continue_, abort=abort,
                                      source_spec=source_, upstream_commit=upstream_commit, run_tests=run_tests,
                                      report_dir=report_dir, report_name=report_name, echo=echo)
     if written and not as_json:
@@ -397,6 +347,34 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
         click.echo(rebase_mod.text(result), nl=False)
     if err is not None:
         raise err
+
+
+@main.command("lines")
+@click.option("--diff", "show_diff", is_flag=True, help="Print the differences of the files the lines' series add.")
+@click.option("--check", is_flag=True,
+              help="Exit 6 when a file two lines add differs without a reason in lines/DIVERGENCE.")
+@click.option("--newer-releases", is_flag=True,
+              help="Only list the vLLM releases on the package index newer than every line, one a line.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@global_options(tree=False)
+@pass_ctx
+@_handle_errors
+def lines_cmd(c: Ctx, show_diff, check, newer_releases, as_json):
+    """The release lines (lines/<release>/): pin, series, work tree, whether it is in sync; and whether
+    the files the series add are the same on every line (lines/DIVERGENCE allows, with reasons)."""
+    if newer_releases:
+        found = lines_mod.newer_releases(c.project)
+        click.echo(report.to_json({"newer_releases": found}) if as_json else "".join(f"{v}\n" for v in found),
+                   nl=False)
+        return
+    rows = lines_mod.overview(c.project)
+    cmp = lines_mod.compare(c.project, with_diff=show_diff)
+    if as_json:
+        click.echo(report.to_json({"lines": rows, "added_files": cmp.to_dict()}), nl=False)
+    else:
+        click.echo(lines_mod.text(rows, cmp, show_diff=show_diff), nl=False)
+    if check:
+        lines_mod.check(c.project)
 
 
 @main.command()

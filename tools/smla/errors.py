@@ -50,7 +50,7 @@ class PinError(SmlaError):
     """vllm-pin.txt is missing or invalid."""
 
     exit_code = 3
-    default_hint = "fix that line of vllm-pin.txt (its header lists the keys), or restore the committed pin with `git checkout -- vllm-pin.txt`"
+    default_hint = "fix that line of vllm-pin.txt (its header lists the keys), or restore the committed pin with `git checkout -- lines/<release>/vllm-pin.txt`"
 
 
 class FetchError(SmlaError):
@@ -71,8 +71,15 @@ class SeriesError(SmlaError):
     """patches/ or a patch file is malformed or unsafe."""
 
     exit_code = 6
-    default_hint = ("fix the patch file named above, restore patches/ with `git checkout -- patches/`, or overwrite it "
-                    "with the work tree's commit: `smla export --force` (plain `smla export` keeps a hand edit)")
+    default_hint = ("fix the patch file named above, restore the line's patches/ with `git checkout -- lines/<release>/patches/`, "
+                    "or overwrite it with the work tree's commit: `smla export --force` (plain `smla export` keeps a hand edit)")
+
+
+class LinesDiverge(SeriesError):
+    """A file the series adds differs between two release lines without an entry in lines/DIVERGENCE
+    (or an entry there is stale): exit code of SeriesError."""
+
+    default_hint = "`smla lines --diff` shows the differences"
 
 
 class TreeStateError(SmlaError):
@@ -121,6 +128,14 @@ class TestsFailed(SmlaError):
 
     __test__ = False  # not a pytest test class
     exit_code = 13
+
+
+class RebaseBroken(TestsFailed):
+    """`smla rebase` replayed the series, but the result is semantically broken: a module the series
+    adds or changes no longer imports against the new base, the new tree's selector does not pick the
+    series' backend where the series promises it, or the line's CPU tests fail (exit 13, as TestsFailed)."""
+
+    default_hint = "the rebase report names each broken patch and what failed: fix the series in the tree, then `smla export`"
 
 
 class LockError(SmlaError):

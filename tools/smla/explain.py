@@ -18,6 +18,10 @@ toolkit covers the MLA (and above all the sparse, DSA) backends only.
 DeepSeek-V4 (selection.is_dsv4) is answered by its own query: its CUDA model
 picks its attention kernels itself, from the GPU, VLLM_DSV4_PORTABLE and
 the kernels installed, so the model dtype, KV-cache dtype and heads are no input.
+
+This module: the inputs, the trees, running the selection and checking its answers; the output
+lives in smla.explain_text (MLA presets) and smla.explain_dsv4 (DeepSeek-V4). The work tree, and so
+the pin and the pristine base, are those of the release line (`smla --line`, `make explain VLLM=`).
 """
 from __future__ import annotations
 
@@ -34,6 +38,13 @@ from typing import Any
 
 from smla import cache, proc, selection
 from smla.errors import TreeStateError, UsageError
+from smla.explain_dsv4 import (  # noqa: F401  (the DeepSeek-V4 output, as the docs' table tests use it)
+    DSV4_ENV, dsv4_groups, dsv4_matrix_text, dsv4_short_class, dsv4_short_pick, dsv4_short_route, dsv4_text,
+    dsv4_variants,
+)
+from smla.explain_text import matrix_text as mla_matrix_text
+from smla.explain_text import text as mla_text
+from smla.explain_text import to_dict
 from smla.treeinfo import BASE_TAG, base_commit
 
 log = logging.getLogger("smla.explain")
@@ -281,303 +292,16 @@ def _check(r: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------
-# output
+# output: smla.explain_text (MLA presets), smla.explain_dsv4 (DeepSeek-V4)
 # --------------------------------------------------------------------------
-
-def to_dict(result: dict[str, Any], tree_desc: str) -> dict[str, Any]:
-    d = {k: v for k, v in result.items() if k != "config"}
-    d["tree"] = tree_desc
-    return d
-
 
 def text(result: dict[str, Any], tree_desc: str) -> str:
-    if "dsv4" in result:
-        return dsv4_text(result, tree_desc)
-    r, m = result, result["model"]
-    kind = "sparse MLA (DSA)" if m["use_sparse"] else "dense MLA (not DSA: the series does not change it)"
-    topk = f"  index_topk={m['index_topk']}" if m.get("index_topk") is not None else ""
-    heads = r.get("heads_per_gpu")
-    if r.get("heads") is not None:
-        heads_desc = f"{heads} heads per GPU"
-    elif heads is not None:
-        heads_desc = f"{heads} heads per GPU ({m['num_attention_heads']} / tp {r.get('tp') or 1})"
-    else:
-        heads_desc = "heads per GPU unknown (no num_attention_heads in the config)"
-    lines = [
-        f"tree:  {tree_desc}",
-        f"model: {r['preset']}  model_type={m['model_type']}  {kind}  head_size={m['head_size']}{topk}",
-        f"case:  compute capability {r['capability']}, dtype {m['dtype']}"
-        + (f" (config: {m['config_dtype']})" if r["dtype"] == "auto" else "")
-        + f", kv_cache_dtype {r['kv_cache_dtype']}, {heads_desc}"
-        + (f", block_size {r['block_size']}" if r.get("block_size") else ""),
-        "",
-        "CUDA MLA backends in vLLM's priority order for this case:",
-    ]
-    rows = [("#", "backend", "valid", "reasons (vLLM's own)")]
-    for i, p in enumerate(r["priority"], 1):
-        rows.append((str(i), p["backend"], "yes" if p["valid"] else "no", "; ".join(p["reasons"])))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    for row in rows:
-        lines.append(("  " + "  ".join(v.ljust(w) for v, w in zip(row[:3], widths)) + "  " + row[3]).rstrip())
-    lines.append("")
-    req = r.get("requested")
-    if req:
-        state = "valid" if req["valid"] else "invalid: " + "; ".join(req["reasons"])
-        lines.append(f"requested backend {req['backend']}: {state}")
-    label = "selection (--backend)" if req else "auto-selection"
-    if r["selected"]:
-        lines.append(f"{label}: {r['selected']}")
-        used = r.get("kv_cache_dtype_used")
-        if used and used != r["kv_cache_dtype"]:
-            lines.append(f"kv cache: {r['kv_cache_dtype']} -> {used} "
-                         "(vLLM's _canonicalize_sparse_mla_kv_cache_dtype for this backend)")
-    else:
-        lines.append(f"{label}: none; vLLM error: {r['error']}")
-    lines.append("")
-    lines.append("indexer: " + _indexer_line(r.get("indexer")))
-    lines.append("stand-ins: " + ", ".join(_short_stand_ins(r["stand_ins"]))
-                 + " (details: tools/smla/_selection_standins.py)")
-    return "\n".join(lines) + "\n"
-
-
-def _indexer_line(ix: dict[str, Any] | None) -> str:
-    """The DSA indexer's logits path as the tree's own code decides it
-    (see _selection_worker._Selection._indexer_facts)."""
-    if not ix:
-        return "not reported by this tree"
-    path = ix.get("path") or "not determined"
-    names = {"deepgemm": "DeepGEMM", "triton": "portable Triton kernels (TRITON_MLA_SPARSE series)",
-             "none": "none"}
-    reason = ix.get("reason") or ""
-    return f"{names.get(path, path)}" + (f" ({reason})" if reason else "")
-
-
-def _short_stand_ins(stand_ins: list[str]) -> list[str]:
-    out = ["config as a plain PretrainedConfig"]
-    for item in stand_ins:
-        if item.startswith("no CUDA device"):
-            out.append("no GPU: cuda tensors -> meta")
-        elif item.startswith("CUDA platform"):
-            out.insert(0, "mocked CUDA platform + capability")
-        else:
-            out.append("stub " + item.split(" (")[0])
-    return out
-
-
-# --------------------------------------------------------------------------
-# the matrix
-# --------------------------------------------------------------------------
-
-def _cell_pick(r: dict[str, Any]) -> str:
-    if r.get("input_error"):
-        return "input error"
-    sel = r.get("selected")
-    if not sel:
-        return "none"
-    used = r.get("kv_cache_dtype_used")
-    return sel + (f" (-> {used})" if used and used != r["kv_cache_dtype"] else "")
+    """One case, as `smla explain` prints it."""
+    return dsv4_text(result, tree_desc) if "dsv4" in result else mla_text(result, tree_desc)
 
 
 def matrix_text(results: list[dict[str, Any]], tree_desc: str) -> str:
-    """Compact table of the matrix for one model and tree: a row per
-    capability x model dtype, a column per KV-cache dtype.  Where the pick
-    depends on the heads per GPU, the cell lists each pick with its heads;
-    "(-> X)" is the cache format vLLM switches to after selection; "none" is
-    vLLM's "No valid attention backend" refusal."""
+    """The matrix, as `smla explain --matrix` prints it."""
     if results and "dsv4" in results[0]:
         return dsv4_matrix_text(results, tree_desc)
-    kvs = list(dict.fromkeys(r["kv_cache_dtype"] for r in results))
-    groups: dict[tuple[str, str], dict[str, dict[str, list[int]]]] = {}
-    for r in results:
-        cell = groups.setdefault((r["capability"], r["model"]["dtype"] if r.get("model") else r["dtype"]), {})
-        cell.setdefault(r["kv_cache_dtype"], {}).setdefault(_cell_pick(r), []).append(r.get("heads_per_gpu"))
-    header = ["cc", "dtype"] + [f"kv {kv}" for kv in kvs]
-    rows = []
-    for (cc, dtype), by_kv in groups.items():
-        row = [cc, dtype]
-        for kv in kvs:
-            picks = by_kv.get(kv, {})
-            if len(picks) == 1:
-                row.append(next(iter(picks)))
-            else:
-                row.append(" / ".join(f"{p} (heads {','.join(str(h) for h in hs)})"
-                                      for p, hs in picks.items()))
-        rows.append(row)
-    first = results[0] if results else {}
-    heads = sorted({r.get("heads_per_gpu") for r in results}, key=lambda h: (h is None, h))
-    lines = [f"tree:  {tree_desc}",
-             f"model: {first.get('preset', '?')}; heads per GPU {', '.join(str(h) for h in heads)}"
-             + (f"; requested backend {first['backend']}" if first.get("backend") else "; auto-selection"),
-             "",
-             "| " + " | ".join(header) + " |",
-             "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------------
-# DeepSeek-V4
-# --------------------------------------------------------------------------
-# A DeepSeek-V4 result holds one case per combination of the inputs the tree's own functions
-# were asked with (VLLM_DSV4_PORTABLE; FlashInfer's sm120 kernel; vLLM's FlashMLA build). The
-# output groups them by VLLM_DSV4_PORTABLE and names the other two only where an answer
-# depends on them.
-
-DSV4_ENV = "VLLM_DSV4_PORTABLE"
-_DSV4_LABELS = {"flashinfer_sm120": ("with FlashInfer's sm120 kernel", "without FlashInfer's sm120 kernel"),
-                "flashmla": ("vLLM built with FlashMLA", "vLLM built without FlashMLA")}
-_DSV4_ROUTE = "the series' nvidia/portable.py (select_dsv4_mhc_kernels, select_dsv4_o_proj) and nvidia/ops (cutedsl_supported)"
-_DSV4_NO_ROUTE = "no choice in this tree: the series' route (nvidia/portable.py, ops.cutedsl_supported) is absent"
-_DSV4_UPSTREAM = ("upstream's CUDA model calls its TileLang/DeepGEMM mHC kernels, DeepGEMM o_proj and CuTe DSL "
-                  "compressor on every GPU")
-
-
-def dsv4_groups(result: dict[str, Any]) -> list[tuple[str | None, list[dict[str, Any]]]]:
-    """[(VLLM_DSV4_PORTABLE value or None, its cases)], in the order asked."""
-    groups: dict[str | None, list[dict[str, Any]]] = {}
-    for case in result["dsv4"]["cases"]:
-        groups.setdefault(case[DSV4_ENV], []).append(case)
-    return list(groups.items())
-
-
-def dsv4_variants(cases: list[dict[str, Any]], show) -> list[tuple[list[str], str]]:
-    """[(labels of the inputs it depends on, show(case))] for one VLLM_DSV4_PORTABLE value: one
-    entry with no labels where no other input changes the answer, else one per value of the inputs
-    that do (an input changes it where two cases differing in it alone differ)."""
-    inputs = [k for k in _DSV4_LABELS if any(c[k] is not None for c in cases)]
-
-    def differ(key: str) -> bool:
-        for a in cases:
-            for b in cases:
-                if (a[key] != b[key] and all(a[k] == b[k] for k in inputs if k != key)
-                        and show(a) != show(b)):
-                    return True
-        return False
-
-    matter = [k for k in inputs if differ(k)]
-    out: dict[tuple, tuple[list[str], str]] = {}
-    for c in cases:
-        key = tuple(c[k] for k in matter)
-        if key not in out:
-            out[key] = ([_DSV4_LABELS[k][0 if c[k] else 1] for k in matter], show(c))
-    return list(out.values())
-
-
-def _dsv4_attention(case: dict[str, Any], capability: str) -> str:
-    a = case["attention"]
-    if a is None:
-        return f"none; vLLM error: {case['error']}"
-    notes = [f"backend {a['backend']}"] if a.get("backend") else []
-    if a.get("fp8_ds_mla_layout"):
-        notes.append("fp8_ds_mla cache")
-    about = ", ".join(notes)
-    if a.get("backend_supports_capability") is False:
-        about += f"; that backend does not support compute capability {capability}"
-    return a["class"] + (f" ({about})" if about else "") + (f": {a['reason']}" if a.get("reason") else "")
-
-
-def _dsv4_cutedsl(case: dict[str, Any]) -> str | None:
-    if case["cutedsl"] is None:
-        return None
-    kind = "CuTe DSL" if case["cutedsl"] else "Triton"
-    return f"{'yes' if case['cutedsl'] else 'no'}: the compressor, gathers and indexer query run their {kind} kernels"
-
-
-def _dsv4_shows(capability: str) -> dict[str, Any]:
-    return {"attention": lambda c: _dsv4_attention(c, capability),
-            "mHC": lambda c: c["mhc"]["reason"] if c["mhc"] else None,
-            "o_proj": lambda c: c["o_proj"]["reason"] if c["o_proj"] else None,
-            "CuTe DSL": _dsv4_cutedsl}
-
-
-def dsv4_text(result: dict[str, Any], tree_desc: str) -> str:
-    r, m, d = result, result["model"], result["dsv4"]
-    module, _, func = d["selector"].rpartition(".")
-    topk = f"  index_topk={m['index_topk']}" if m.get("index_topk") is not None else ""
-    lines = [
-        f"tree:  {tree_desc}",
-        f"model: {r['preset']}  model_type={m['model_type']}  DeepSeek-V4  head_size={m['head_size']}{topk}",
-        f"case:  compute capability {r['capability']}"
-        + (f", --backend {r['backend']}" if r.get("backend") else "")
-        + " (model dtype, KV-cache dtype and heads do not enter this choice)",
-        "",
-        "DeepSeek-V4's CUDA model picks its kernels itself, not through vLLM's backend selector:",
-        f"  attention class: {module.replace('.', '/')}.py::{func}",
-        "  mHC, o_proj, CuTe DSL: " + (_DSV4_ROUTE if d["series_route"] else _DSV4_NO_ROUTE),
-        "",
-    ]
-    shows = _dsv4_shows(r["capability"])
-    for env, cases in dsv4_groups(r):
-        lines.append(f"{DSV4_ENV}={env}" + (" (the default):" if env == "auto" else ":") if env is not None else
-                     f"{DSV4_ENV}: not in this tree (the series' switch is absent):")
-        for name, show in shows.items():
-            variants = dsv4_variants(cases, show)
-            if all(v is None for _, v in variants):
-                continue
-            for labels, value in variants:
-                lines.append(f"  {', '.join([name, *labels])}: {value}")
-        if not d["series_route"]:
-            lines.append(f"  mHC, o_proj, CuTe DSL: {_DSV4_UPSTREAM}")
-    lines.append("")
-    lines.append("indexer: " + _indexer_line(r.get("indexer")))
-    lines.append("stand-ins: " + ", ".join(_short_stand_ins(r["stand_ins"]) + _short_dsv4_stand_ins(d))
-                 + " (details: tools/smla/_selection_standins.py)")
-    return "\n".join(lines) + "\n"
-
-
-def _short_dsv4_stand_ins(d: dict[str, Any]) -> list[str]:
-    out = []
-    for item in d.get("stand_ins", []):
-        if item.startswith("vllm._custom_ops.cutlass"):
-            out.append("cutlass_scaled_mm_supports_* answer False at import")
-        elif item.startswith("DeepSeek-V4 kernel packages"):
-            out.append("tilelang, cutlass DSL and DeepGEMM installed")
-    return out
-
-
-def dsv4_short_class(name: str) -> str:
-    """DeepseekV4TritonAttention -> Triton."""
-    return name.removeprefix("DeepseekV4").removesuffix("Attention")
-
-
-def dsv4_short_route(case: dict[str, Any]) -> str:
-    """The mHC, o_proj and CuTe DSL routes in a few words (the head of the tree's own reasons)."""
-    parts = []
-    if case["mhc"]:
-        parts.append("mHC " + case["mhc"]["reason"].split(":")[0].split(", forced")[0])
-    if case["o_proj"]:
-        parts.append("o_proj " + {"deep_gemm": "DeepGEMM"}.get(case["o_proj"]["path"], case["o_proj"]["path"]))
-    if case["cutedsl"] is not None:
-        parts.append("compressor " + ("CuTe DSL" if case["cutedsl"] else "Triton"))
-    return ", ".join(parts)
-
-
-def dsv4_short_pick(case: dict[str, Any], capability: str) -> str:
-    """The attention layers' class, in a word; "(its backend: not X)" where that backend does not support
-    the capability; "error" where the tree refuses."""
-    a = case["attention"]
-    if a is None:
-        return "error"
-    return dsv4_short_class(a["class"]) + (f" (its backend: not {capability})"
-                                           if a.get("backend_supports_capability") is False else "")
-
-
-def dsv4_matrix_text(results: list[dict[str, Any]], tree_desc: str) -> str:
-    """The DeepSeek-V4 matrix: a row per capability and VLLM_DSV4_PORTABLE value; the attention
-    layers' class, in a word (each input it depends on named), and the mHC / o_proj / compressor route."""
-    first = results[0]
-    lines = [f"tree:  {tree_desc}",
-             f"model: {first.get('preset', '?')}; DeepSeek-V4's own choice"
-             + (f"; requested backend {first['backend']}" if first.get("backend") else ""),
-             "",
-             f"| cc | {DSV4_ENV} | attention | mHC, o_proj, compressor |",
-             "|---|---|---|---|"]
-    for r in results:
-        for env, cases in dsv4_groups(r):
-            att = " / ".join(f"{v} ({', '.join(labels)})" if labels else v
-                             for labels, v in dsv4_variants(cases, lambda c: dsv4_short_pick(c, r["capability"])))
-            route = " / ".join(f"{v} ({', '.join(labels)})" if labels else v
-                               for labels, v in dsv4_variants(cases, dsv4_short_route))
-            lines.append(f"| {r['capability']} | {env if env is not None else 'not in this tree'} | {att} | "
-                         f"{route or 'not chosen by this tree'} |")
-    return "\n".join(lines) + "\n"
+    return mla_matrix_text(results, tree_desc)

@@ -82,8 +82,8 @@ class Pin:
             loc = self.where(key) if self.lines else where
             return PinError(f"{loc}: {msg}",
                             hint=f"fix the `{key} = ...` line ({loc}); the file's header lists the keys. "
-                                 "`git diff vllm-pin.txt` shows local edits, "
-                                 "`git checkout -- vllm-pin.txt` restores the committed pin")
+                                 f"`git diff -- {self.origin or 'vllm-pin.txt'}` shows local edits, "
+                                 f"`git checkout -- {self.origin or 'vllm-pin.txt'}` restores the committed pin")
 
         if self.commit_kind not in (FULL, ABBREVIATED):
             raise fail("commit_kind", f"commit_kind must be {FULL!r} or {ABBREVIATED!r}, got {self.commit_kind!r}")
@@ -130,7 +130,7 @@ def load(path: Path) -> Pin:
     if not path.is_file():
         raise PinError(f"pin file not found: {path}",
                        hint="run smla inside the toolkit's checkout, or pass --root; "
-                            "`git checkout -- vllm-pin.txt` restores a deleted pin")
+                            f"`git checkout -- {path}` restores a deleted pin")
     values: dict[str, str] = {}
     where: dict[str, int] = {}
     for lineno, line in content_lines(path, PinError):

@@ -196,7 +196,7 @@ def sdist_path(pin: Pin) -> Path:
         raise ChecksumError(
             f"{pin.sdist}: the pin's sdist_sha256 ({line}) is {pin.sdist_sha256}, but the package index "
             f"lists {index_sha}" + (f"; the cached {dest} matches the index and is kept" if cached else ""),
-            hint=f"check `sdist_sha256` at {line} (`git diff vllm-pin.txt` shows local edits); if the "
+            hint=f"check `sdist_sha256` at {line} (`git diff -- {pin.origin or 'vllm-pin.txt'}` shows local edits); if the "
                  f"index is right, set it to {index_sha}",
         )
     return cache.fetch(url, dest, pin.sdist_sha256, what=pin.sdist,

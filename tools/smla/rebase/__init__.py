@@ -1,5 +1,10 @@
 """`rebase`: carry the patch series onto a newer vLLM.
 
+A release target (`--onto 0.33.0`) opens a new release line, lines/<release>/, from the line
+being rebased (rebase/newline.py), in its own work tree (work/<release>/vllm: a copy of the old
+line's tree, or fetched at the old pin): the old line, its pin, patches/ and tree stay as they
+are. A commit target keeps the release and rebases the line in place.
+
 Flow of `start` (see docs/rebase.md):
 1. Check the tree: it must be an smla tree at the pin (fetched here when
    missing), clean, with the series applied and its commits equal to
@@ -13,6 +18,9 @@ Flow of `start` (see docs/rebase.md):
    classifying each (rebase/report.py).
 5. On success: the original branch moves to the result, the base tag to
    the new base, patches/ is re-exported, the pin rewritten, state removed.
+6. The semantic check (rebase/verify.py): imports, selection, the CPU
+   tests; a broken result is status "broken" (exit 13). At a conflict stop
+   the imports of the patches replayed so far are checked too.
 
 `continue_` resumes after the user resolved the conflict (staged with `git
 add`, or already committed with `git am --continue`); `abort` puts the pin
@@ -20,17 +28,16 @@ file, patches/ and the tree back as they were.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from smla.apply import apply_series
 from smla.export import export as export_patches
-from smla import ids, keep, proc, source, treeinfo, treestate
+from smla import ids, keep, lock, proc, source, treeinfo, treestate
 from smla import pin as pin_mod
 from smla import series as series_mod
 from smla.errors import RebaseConflict, SmlaError, TreeStateError, UsageError, cmd
 from smla.project import Project
-from smla.rebase import replay, resume, state as state_mod
+from smla.rebase import newline, replay, resume, verify, state as state_mod
 from smla.rebase import target as target_mod
 from smla.rebase.replay import WORK_BRANCH
 from smla.rebase.report import (  # noqa: F401  (text and RebaseResult: what the CLI and its tests take)
@@ -43,8 +50,8 @@ from smla.rebase.target import Target
 # --------------------------------------------------------------------------- entry points
 
 
-def run(project: Project, tree: Path, *, onto: str | None = None, continue_: bool = False, abort: bool = False,
-        source_spec: str = "auto", upstream_commit: str | None = None, run_tests: bool = False,
+def run(project: Project, tree: Path | None, *, onto: str | None = None, continue_: bool = False,
+        abort: bool = False, source_spec: str = "auto", upstream_commit: str | None = None, run_tests: bool = True,
         report_dir: Path | None = None, report_name: str | None = None, echo=print
         ) -> tuple[RebaseResult, list[Path]]:
     """`smla rebase`: exactly one of `onto`, `continue_`, `abort`; then the reports.
@@ -58,9 +65,11 @@ def run(project: Project, tree: Path, *, onto: str | None = None, continue_: boo
     reports = dict(report_dir=report_dir, report_name=report_name)
     try:
         if abort:
-            result = _abort(project, tree, echo=echo, **reports)
+            with lock.hold(tree or project.default_tree):
+                result = _abort(project, tree or project.default_tree, echo=echo, **reports)
         elif continue_:
-            result = _continue(project, tree, run_tests=run_tests, echo=echo, **reports)
+            with lock.hold(tree or project.default_tree):
+                result = _continue(project, tree or project.default_tree, run_tests=run_tests, echo=echo, **reports)
         else:
             result = start(project, tree, onto, source_spec=source_spec, upstream_commit=upstream_commit,
                            run_tests=run_tests, echo=echo, **reports)
@@ -75,12 +84,12 @@ def run(project: Project, tree: Path, *, onto: str | None = None, continue_: boo
 
 def start(
     project: Project,
-    tree: Path,
+    tree: Path | None,
     onto: str,
     *,
     source_spec: str = "auto",
     upstream_commit: str | None = None,
-    run_tests: bool = False,
+    run_tests: bool = True,
     report_dir: Path | None = None,
     report_name: str | None = None,
     echo=print,
@@ -90,7 +99,12 @@ def start(
     `report_dir`/`report_name` are remembered in the state, so `--continue`
     and `--abort` write their reports to the same place (the CLI writes them).
     """
-    tree = tree.absolute()
+    kind, spec = target_mod.parse(onto, upstream_commit)
+    old_pin = project.pin()
+    series = series_mod.load(project.patches_dir)
+    # A release other than the line's own opens a new line; a commit (or the same release) stays in it.
+    dest = newline.destination(project, kind, spec, old_pin)
+    tree = (tree or dest.default_tree).absolute()
     if treeinfo.rebase_in_progress(tree):
         st = state_mod.load(tree)
         how = "was interrupted" if resume.interrupted(st) else "is already in progress"
@@ -99,9 +113,15 @@ def start(
             hint="finish it with `smla rebase --continue` (it picks up where it stopped), "
                  "or undo it with `smla rebase --abort`",
         )
-    kind, spec = target_mod.parse(onto, upstream_commit)
-    old_pin = project.pin()
-    series = series_mod.load(project.patches_dir)
+    with lock.hold(tree), newline.opening_tree(project, dest, tree) as opening:
+        return _start(project, dest, tree, kind, spec, old_pin, series, source_spec=source_spec,
+                      upstream_commit=upstream_commit, run_tests=run_tests, report_dir=report_dir,
+                      report_name=report_name, opening=opening, echo=echo)
+
+
+def _start(project: Project, dest: Project, tree: Path, kind: str, spec: str, old_pin: pin_mod.Pin, series, *,
+           source_spec: str, upstream_commit: str | None, run_tests: bool, report_dir: Path | None,
+           report_name: str | None, opening: newline.Opening, echo) -> RebaseResult:
     info = _prepare_tree(project, old_pin, series, tree, source_spec, echo)
 
     target = target_mod.resolve(kind, spec, old_pin, source_spec, upstream_commit)
@@ -117,15 +137,19 @@ def start(
         return result
     new_base = target_mod.bring_in(tree, info.base, target, echo)
 
-    # Back up everything before the first visible change.
+    # Back up everything before the first visible change; a new line starts as a copy of this one.
     backed_up = state_mod.back_up(tree, project.pin_file, project.patches_dir)
+    opened = newline.open_line(project, dest, echo) if dest.line != project.line else None
     branch = proc.git(tree, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip() or None
     state = {
         "version": STATE_VERSION,
         "tree": str(tree),
         "root": str(project.root),
-        "pin_file": str(project.pin_file),
-        "patches_dir": str(project.patches_dir),
+        "pin_file": str(dest.pin_file),
+        "patches_dir": str(dest.patches_dir),
+        "line": {"from": project.line, "to": dest.line, "opened": opened is not None},
+        "opened_line": str(opened) if opened else None,
+        "tree_created": opening.created,
         "backup_files": backed_up,
         "series": series.names(),
         "subjects": {p.name: p.subject for p in series.patches},
@@ -147,11 +171,13 @@ def start(
     }
     state_mod.save(tree, state)
     proc.git(tree, "checkout", "-q", "-B", WORK_BRANCH, new_base)
-    echo(f"replaying {len(series.patches)} patches onto {target.spec} ({new_base[:12]})")
+    opening.keep()  # from here on, --abort decides what happens to a tree this run created
+    echo(f"replaying {len(series.patches)} patches onto {target.spec} ({new_base[:12]})"
+         + (f" as the new line lines/{dest.line}/ (tree {tree})" if opened else ""))
     return _replay(project, tree, state, run_tests, echo)
 
 
-def continue_(project: Project, tree: Path, *, run_tests: bool = False, report_dir: Path | None = None,
+def continue_(project: Project, tree: Path, *, run_tests: bool = True, report_dir: Path | None = None,
               report_name: str | None = None, echo=print) -> RebaseResult:
     """Resume a stopped rebase once the user has resolved the conflict."""
     tree = tree.absolute()
@@ -226,13 +252,22 @@ def abort(project: Project, tree: Path, *, report_dir: Path | None = None, repor
     proc.git(tree, "tag", "-f", treeinfo.BASE_TAG, state["orig_base"])
     for key, value in state["orig_config"].items():
         proc.git(tree, "config", key, value)
-    kept += state_mod.restore_files(tree, Path(state["pin_file"]), Path(state["patches_dir"]),
-                                    state["backup_files"])
+    if state.get("opened_line"):  # the line this rebase opened goes again; the old line was never touched
+        old_line = Path(state["root"]) / "lines" / state["line"]["from"]
+        kept += newline.remove_opened_line(Path(state["opened_line"]), old_line)
+    else:
+        kept += state_mod.restore_files(tree, Path(state["pin_file"]), Path(state["patches_dir"]),
+                                        state["backup_files"])
     state_mod.remove(tree)
+    if state.get("tree_created") and not kept:  # a tree holding what the user made during the stop stays
+        newline.remove_tree(tree)
+    elif state.get("tree_created"):
+        kept.append(f"{tree} was made by this rebase, but holds files made during the stop: kept")
     outs = [Outcome.from_dict(o) for o in state["outcomes"]]
     result = RebaseResult("aborted", str(tree), state["old"], state["old"], state["target"], outs,
                           state["pin_before"], state["pin_before"], stops=state.get("stops", []), kept=kept)
     result.report_dir, result.report_name = state.get("report", {}).get("dir"), state.get("report", {}).get("name")
+    result.line = state.get("line")
     return result
 
 
@@ -281,8 +316,17 @@ def _remember_report(state: dict, report_dir: Path | None, report_name: str | No
 def _replay(project: Project, tree: Path, state: dict, run_tests: bool, echo) -> RebaseResult:
     outs, stopped = replay.run(tree, state, echo)
     if stopped is not None:
-        return _result(state, outs, "conflict", stopped_at=stopped.name)
+        done = outs[:state["next"]]
+        checks = verify.check(project.root, tree, state, done, complete=False, run_tests=False,
+                              line=_line(state), echo=echo)
+        result = _result(state, outs, "conflict", stopped_at=stopped.name)
+        result.checks = checks
+        return result
     return _finish(project, tree, state, outs, run_tests, echo)
+
+
+def _line(state: dict) -> str:
+    return (state.get("line") or {}).get("to") or state["target"]["version"]
 
 
 def _finish(project: Project, tree: Path, state: dict, outs: list[Outcome], run_tests: bool, echo) -> RebaseResult:
@@ -325,15 +369,23 @@ def _finish(project: Project, tree: Path, state: dict, outs: list[Outcome], run_
     result = _result(state, outs, "clean")
     result.kept = kept
     smla_args = [] if tree == project.default_tree.absolute() else ["--tree", str(tree)]
-    result.undo = state_mod.undo_commands(project.root, pin_file, patches_dir, undo_dir, before,
-                                          [*exported["series"], series_mod.SERIES_FILE], smla_args)
+    if state.get("opened_line"):  # a new line: removing it (and its tree) undoes the rebase
+        new_line = state["line"]["to"]
+        result.undo = [state_mod.shell("smla", "--line", new_line, *smla_args, "clean", "--discard"),
+                       state_mod.shell("rm", "-r", "--", state["opened_line"])]
+    else:
+        result.undo = state_mod.undo_commands(project.root, pin_file, patches_dir, undo_dir, before,
+                                              [*exported["series"], series_mod.SERIES_FILE], smla_args)
     result.pin_after = state_mod.pin_dict(new_pin)
     result.export = exported
     result.range_diff = rdiff.stdout if rdiff.returncode == 0 else ""
     echo(f"rebased onto vLLM {target['version']} ({new_pin.commit_label()}); "
          f"pin updated, {len(exported['series'])} patches exported to {patches_dir}")
-    if run_tests:
-        result.tests = run_cpu_suite(project.root, tree, echo)
+    checks = verify.check(project.root, tree, state, outs, complete=True, run_tests=run_tests,
+                          line=_line(state), echo=echo)
+    result.checks, result.tests = checks, checks.get("tests")
+    if checks["broken"]:
+        result.status = "broken"
     return result
 
 
@@ -368,18 +420,6 @@ def _noop(project: Project, tree: Path, old_pin: pin_mod.Pin, series, old: dict,
                         state_mod.pin_dict(old_pin), state_mod.pin_dict(new_pin))
 
 
-def run_cpu_suite(root: Path, tree: Path, echo=print) -> dict:
-    """`pytest -m "not gpu"` of the toolkit against `tree` (the new pin is already written)."""
-    echo(f"running the CPU suite against {tree} ...")
-    res = proc.run([sys.executable, "-m", "pytest", "-m", "not gpu", "-q", "-p", "no:cacheprovider"],
-                   cwd=root, env={"SMLA_TREE": str(tree), "SMLA_ROOT": str(root)},
-                   check=False, timeout=3600)
-    tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
-    echo(tail)
-    return {"command": 'python -m pytest -m "not gpu"', "returncode": res.returncode,
-            "passed": res.returncode == 0, "tail": tail}
-
-
 def _result(state: dict, outs: list[Outcome], status: str, stopped_at: str | None = None) -> RebaseResult:
     new = state.get("new") or {"base": state["new_base"], "upstream_commit": state["target"]["commit"],
                                "version": state["target"]["version"], "source": state["target"]["source"],
@@ -387,7 +427,7 @@ def _result(state: dict, outs: list[Outcome], status: str, stopped_at: str | Non
     rep = state.get("report") or {}
     return RebaseResult(status, state.get("tree", ""), state["old"], new, state["target"], outs,
                         state["pin_before"], None, stopped_at, stops=list(state.get("stops", [])),
-                        report_dir=rep.get("dir"), report_name=rep.get("name"))
+                        report_dir=rep.get("dir"), report_name=rep.get("name"), line=state.get("line"))
 
 
 # --------------------------------------------------------------------------- preparing

@@ -9,6 +9,8 @@ Outcomes (docs/rebase.md):
   resolved    after `--continue`: the conflict was resolved by hand
   skipped     after `--continue`: dropped by the user (`git am --skip`)
   pending     not replayed yet
+A replayed patch can also be *broken* (its `checks` say what failed: rebase/verify.py), whatever
+its textual outcome: a finished rebase with a broken patch has status "broken" (exit 13).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from smla import report
-from smla.errors import RebaseConflict, SmlaError, TestsFailed, cmd
+from smla.errors import RebaseBroken, RebaseConflict, SmlaError, cmd
 from smla.treeinfo import PENDING  # the same state as apply's
 
 UNCHANGED = "unchanged"
@@ -39,6 +41,7 @@ class Outcome:
     new_names: list[str] = field(default_factory=list)
     detail: str = ""
     new_files_only: bool = False  # the patch only adds files: it always applies, whatever the new base
+    checks: list[str] = field(default_factory=list)  # what the semantic check found broken (rebase/verify.py)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -51,7 +54,7 @@ class Outcome:
 
 @dataclass
 class RebaseResult:
-    status: str  # "clean", "conflict", "noop", "aborted"
+    status: str  # "clean", "broken" (replayed, semantically broken), "conflict", "noop", "aborted"
     tree: str
     old: dict
     new: dict
@@ -68,6 +71,8 @@ class RebaseResult:
     report_name: str | None = None
     kept: list[str] = field(default_factory=list)  # what was made or edited during a stop, kept (and where)
     undo: list[str] = field(default_factory=list)  # a finished rebase: the commands that undo it, in order
+    checks: dict | None = None  # the semantic check's details (rebase/verify.py)
+    line: dict | None = None  # {"from": release, "to": release, "opened": bool}
 
     def to_dict(self) -> dict:
         return {
@@ -83,6 +88,9 @@ class RebaseResult:
             "stopped_at": self.stopped_at,
             "export": self.export,
             "tests": self.tests,
+            "checks": self.checks,
+            "line": self.line,
+            "broken": [{"name": p.name, "checks": p.checks} for p in self.patches if p.checks],
             "stops": self.stops,
             "range_diff": self.range_diff,
             "kept": self.kept,
@@ -96,18 +104,22 @@ class RebaseResult:
         return out
 
     def error(self) -> SmlaError | None:
-        """RebaseConflict when stopped on a conflict; TestsFailed when --test failed; else None."""
+        """RebaseConflict when stopped on a conflict; RebaseBroken when the semantic check failed; else None."""
         if self.status == "conflict":
             stopped = next(p for p in self.patches if p.outcome == CONFLICT)
             return RebaseConflict(
                 f"rebase stopped: patch {stopped.name} conflicts in {', '.join(stopped.files) or '?'}",
                 hint=resolve_hint(Path(self.tree)),
             )
-        if self.tests is not None and not self.tests["passed"]:
-            return TestsFailed(
-                f"the rebase succeeded, but the CPU suite failed against {self.tree} "
-                f"(exit {self.tests['returncode']})",
-                hint="see the test output above / in the report; fix the series in the tree and `smla export`",
+        if self.status == "broken":
+            broken = [p for p in self.patches if p.checks]
+            what = "; ".join(f"{p.name}: {p.checks[0]}" for p in broken[:3]) or "the CPU suite failed"
+            if self.tests and not self.tests["passed"]:
+                what += f"; the CPU suite exited {self.tests['returncode']}"
+            return RebaseBroken(
+                f"the series replayed onto the new base, but is broken there: {what}",
+                hint="the report lists every broken patch and what failed; fix the series in the tree "
+                     f"({self.tree}), `smla export`, and check again with `make test`",
             )
         return None
 
@@ -129,6 +141,9 @@ def text(r: RebaseResult) -> str:
     d = r.to_dict()
     old, new = d["old_base"], d["new_base"]
     if r.status == "aborted":
+        if r.line and r.line.get("opened"):
+            return (f"rebase onto {r.target['spec']} aborted: the line lines/{r.line['to']}/ it opened and its "
+                    f"work tree {r.tree} are removed; line {r.line['from']} was never changed\n")
         return (f"rebase onto {r.target['spec']} aborted: {r.tree} is back at {_label(old, None)} "
                 "with its original branch; pin file and patches/ restored byte for byte\n"
                 + "".join(f"kept: {k}\n" for k in r.kept))
@@ -141,9 +156,10 @@ def text(r: RebaseResult) -> str:
             extra.append("files: " + ", ".join(p.files))
         if p.new_names and p.new_names != [p.name]:
             extra.append("now " + ", ".join(p.new_names))
-        if p.new_files_only and p.outcome in (UNCHANGED, OFFSETS):
+        if p.new_files_only and p.outcome in (UNCHANGED, OFFSETS) and not _imports_checked(r, p):
             extra.append("new files only: not checked against the new base")
         lines.append(f"  {p.outcome:<10} {p.name}" + (f"  ({' | '.join(extra)})" if extra else ""))
+        lines += [f"               BROKEN: {c}" for c in p.checks]
         lines += [f"               {h}" for h in (p.hunks if p.outcome == CONFLICT else [])]
     counts = ", ".join(f"{n} {k}" for k, n in sorted(d["counts"].items()))
     lines.append(f"summary: {counts}")
@@ -154,12 +170,48 @@ def text(r: RebaseResult) -> str:
     if r.pin_after and d["pin"]["changed"]:
         lines.append("pin: " + ", ".join(f"{k} {r.pin_before.get(k, '-')} -> {v}"
                                           for k, v in r.pin_after.items() if r.pin_before.get(k) != v))
+    lines += checks_lines(r.checks)
     if r.tests:
-        lines.append(f"tests: {'passed' if r.tests['passed'] else 'FAILED'} ({r.tests['command']})")
+        lines.append(f"tests: {r.tests.get('note') or ('passed' if r.tests['passed'] else 'FAILED')} "
+                     f"({r.tests['command']})")
     lines += [f"kept: {k}" for k in r.kept]
     if r.undo:
         lines.append("undo: " + ", then ".join(f"`{c}`" for c in r.undo))
     return "\n".join(lines) + "\n"
+
+
+def _imports_checked(r: RebaseResult, p: Outcome) -> int:
+    """How many of the patch's modules the semantic check imported (0: none, or no check ran)."""
+    return len(((r.checks or {}).get("imports") or {}).get("by_patch", {}).get(p.name, []))
+
+
+def checks_lines(c: dict | None) -> list[str]:
+    """The semantic check in short (text report and the Markdown's section)."""
+    if not c:
+        return []
+    out = []
+    imp = c.get("imports") or {}
+    if imp:
+        out.append(f"imports: {imp.get('modules', 0)} modules added or changed by the series, "
+                   f"{len(imp.get('failed', []))} broken on the new base"
+                   + (f", {len(imp['not_checkable'])} fail on the old line too (not judged)"
+                      if imp.get("not_checkable") else ""))
+        out += [f"  {f['module']}: {f['error']} ({', '.join(f['patches'])})" for f in imp.get("failed", [])]
+        stood = [x.split(": ", 1)[1] for x in imp.get("stand_ins", []) if x.startswith("not installed here")]
+        if stood:
+            out.append(f"  (not installed here, stood in: {', '.join(stood)})")
+    sel = c.get("selection")
+    if sel is None:
+        out.append("selection: not run (the series is not fully replayed)")
+    elif not sel.get("ran"):
+        out.append(f"selection: {sel.get('note')}")
+    else:
+        out.append(f"selection: {len(sel.get('failed', []))} of {sel.get('promised')} cells the series fills "
+                   f"do not pick {'TRITON_MLA_SPARSE'}"
+                   + (f"; {len(sel['closed_upstream'])} now served upstream" if sel.get("closed_upstream") else ""))
+        out += [f"  {f['cell']}: {f.get('selected') or 'no backend'} {f.get('error', '')}".rstrip()
+                for f in sel.get("failed", [])]
+    return out
 
 
 def _label(base: dict, target: dict | None, q: str = "") -> str:
@@ -175,7 +227,8 @@ def _label(base: dict, target: dict | None, q: str = "") -> str:
 def markdown(r: RebaseResult) -> str:
     d = r.to_dict()
     old, new = d["old_base"], d["new_base"]
-    title = {"clean": "Rebase the sparse-MLA series", "conflict": "Rebase CONFLICT",
+    title = {"clean": "Rebase the sparse-MLA series", "broken": "Rebase BROKEN (replayed, fails the semantic check)",
+             "conflict": "Rebase CONFLICT",
              "noop": "Nothing to rebase", "aborted": "Rebase aborted"}[r.status]
     out = [f"## {title}: {_label(old, None, '`')} → {_label(new, r.target, '`')}", ""]
     out.append(f"Target `{r.target['spec']}` ({r.target['kind']}); old base `{old['upstream_commit'][:12]}` "
@@ -193,8 +246,13 @@ def markdown(r: RebaseResult) -> str:
         if p.detail:
             notes.append(p.detail.replace("|", "\\|"))
         if p.new_files_only and p.outcome in (UNCHANGED, OFFSETS):
-            notes.append(NEW_FILES_NOTE)
-        rows.append([f"`{p.name}`", p.subject.replace("|", "\\|"), f"**{p.outcome}**",
+            checked = _imports_checked(r, p)
+            notes.append(f"adds new files only; its {checked} module{'s' if checked != 1 else ''} imported "
+                         "against the new base (semantic check)"
+                         if checked else NEW_FILES_NOTE)
+        notes += [f"**broken**: {c}".replace("|", "\\|") for c in p.checks]
+        outcome = f"**{p.outcome}**" + (", **broken**" if p.checks else "")
+        rows.append([f"`{p.name}`", p.subject.replace("|", "\\|"), outcome,
                      ", ".join(f"`{n}`" for n in p.new_names) or "—", "<br>".join(notes) or ""])
     out.append(report.md_table(["patch", "subject", "outcome", "exported as", "notes"], rows))
     out.append("Outcomes: " + ", ".join(f"{n} {k}" for k, n in sorted(d["counts"].items())) + ".")
@@ -223,18 +281,20 @@ def markdown(r: RebaseResult) -> str:
         out += ["### What changed in each patch (`git range-diff` old series → new series)", "",
                 "<details><summary>range-diff</summary>", "", "```diff", r.range_diff.rstrip(), "```", "",
                 "</details>", ""]
-    if not r.tests and any(p.new_files_only and p.outcome in (UNCHANGED, OFFSETS) for p in r.patches) \
-            and r.status == "clean":
-        out += ["Patches that only add files applied trivially: run `smla rebase ... --test` (or `make test`) "
-                "to check their code against the new base.", ""]
-    if r.tests:
+    if r.line and r.line.get("opened"):
+        out += [f"Opened the release line `lines/{r.line['to']}/` from `lines/{r.line['from']}/` "
+                f"(left unchanged).", ""]
+    if r.checks:
+        out += ["### Semantic check", "", *[f"- {ln.strip()}" if not ln.startswith("  ") else f"  - {ln.strip()}"
+                                            for ln in checks_lines(r.checks)], ""]
+    if r.tests and r.tests.get("ran", True):
         out += [f"### Tests: {'passed' if r.tests['passed'] else 'FAILED'}", "",
                 f"`{r.tests['command']}` exited {r.tests['returncode']}.", "", "```", r.tests["tail"], "```", ""]
     return "\n".join(out)
 
 
 NEW_FILES_NOTE = ("adds new files only: applies whatever the new base, so this outcome says nothing about "
-                  "its code against the new base's interfaces (run with --test)")
+                  "its code against the new base's interfaces")
 
 
 def default_report_name(r: RebaseResult) -> str:

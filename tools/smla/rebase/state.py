@@ -139,6 +139,11 @@ def undo_commands(root: Path, pin_file: Path, patches_dir: Path, undo: Path, bef
             _sh("cp", "-p", "--", *(undo / "patches" / n for n in before), patches_dir), *rebuild]
 
 
+def shell(*argv) -> str:
+    """One shell command line, quoted."""
+    return _sh(*argv)
+
+
 def _sh(*argv) -> str:
     return shlex.join(os.fspath(a) for a in argv)
 

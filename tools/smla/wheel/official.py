@@ -18,9 +18,11 @@ from smla.wheel.label import PROJECT
 
 # The official wheel of a release is found on the package index: the one
 # `vllm-<version>-cp3X-abi3-manylinux_<glibc>_<arch>.whl` (the glibc tag moves:
-# manylinux_2_31 for 0.16.0, manylinux_2_28 for 0.26.0), with the index's
-# sha256. Wheels listed here (name and sha256 as on PyPI, checked on
-# 2026-11-30) need no index at all when they are already in the cache.
+# manylinux_2_31 for 0.16.0, manylinux_2_28 for 0.26.0 and 0.33.0), with the
+# index's sha256. Wheels listed here (name and sha256 as on PyPI, checked on
+# 2026-11-30; 0.33.0 on 2026-12-02) need no index at all when they are already
+# in the cache. The release comes from the line's pin (`--line`, `make
+# build-wheel VLLM=<release>`): nothing here assumes one release.
 OFFICIAL_WHEELS: dict[tuple[str, str], tuple[str, str]] = {
     ("0.16.0", "x86_64"): (
         "vllm-0.16.0-cp38-abi3-manylinux_2_31_x86_64.whl",
@@ -37,6 +39,14 @@ OFFICIAL_WHEELS: dict[tuple[str, str], tuple[str, str]] = {
     ("0.26.0", "aarch64"): (
         "vllm-0.26.0-cp38-abi3-manylinux_2_28_aarch64.whl",
         "52a4c3e55c2c80cc8793e52ccc244457ceade25b0ad7caa1c15e5002a95a1b2c",
+    ),
+    ("0.33.0", "x86_64"): (
+        "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+        "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
+    ),
+    ("0.33.0", "aarch64"): (
+        "vllm-0.33.0-cp38-abi3-manylinux_2_28_aarch64.whl",
+        "e9e404f52c8494b69bd83fe99fe7ecfa9f6b89fbd156d2a9639c24ea41d6d606",
     ),
 }
 # ------------------------------------------------------------- base wheel
