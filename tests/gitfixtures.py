@@ -302,6 +302,8 @@ def python_script(path: Path, code: str) -> Path:
     path.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(body))} "$@"\n')
     path.chmod(0o755)
     return path
+
+
 # --- two release lines (tests/test_lines.py) ------------------------------------------------------
 
 KERNEL = "vllm/ops/kernel.py"

@@ -461,7 +461,68 @@ def test_conflict_hunks_when_two_hunks_add_the_same_line(tmp_path):
     # the merge: hunk 1 went in, hunk 2 conflicts with an upstream rewrite of b()
     merged = ["def a():", "    return [", "        SM120,", "        TRITON_SPARSE,", "    ]",
               *[f"# filler {i}" for i in range(12)], "def b():", "    return [",
-              "    assert (world["patches"] / "0004-Patch-e-reworded-for-the-new-base.patch").is_file()
+              "<<<<<<< HEAD", "        *tail,", "=======", "        MLA,", "        FLASHMLA_SPARSE,",
+              "        TRITON_SPARSE,", ">>>>>>> Add TRITON_SPARSE", "    ]"]
+    write_lines(repo, "f.py", merged)
+    patch = series_mod.parse_patch(path)
+    got = replay.hunks_with_markers(repo, patch, unidiff.PatchSet(text), ["f.py"])
+    assert len(got) == 1 and got[0].startswith("hunk #2 of f.py"), got
+
+
+def test_empty_resolution_says_skip_not_abort(world):
+    """F15(b): staging the new base's version of the file (nothing left of the patch) must not end
+    with git am's own advice to abort; the tool says to skip the patch."""
+    tree = world["tree"]
+    assert smla(world, "--onto", world["c2"], "--source", str(world["up"])).exit_code == 11
+    write_lines(tree, "e.py", edit_lines(LINES, l30="E upstream"))  # keep upstream's line: the patch is dropped
+    proc.git(tree, "add", "--", "e.py")
+    res = smla(world, "--continue")
+    assert res.exit_code == 11
+    assert "resolution of 0005-Patch-e-conflicts.patch is empty" in res.output
+    assert "am --skip" in res.output and "git am --abort" not in res.output
+    proc.git(tree, "am", "--skip")
+    res = smla(world, "--continue", "--json")
+    assert res.exit_code == 0 and outcomes(json.loads(res.output))["Patch e"] == "skipped"
+
+
+def test_commit_target_report_has_no_credentials(world, tmp_path):
+    from smla.rebase.target import Target
+
+    t = Target("x", "commit", "1" * 40, "0.0.1", "none", "none", "git",
+               fetch_from="https://bot:s3cret@github.example/vllm.git")
+    assert "s3cret" not in json.dumps(t.to_dict()) and "***@github.example" in t.to_dict()["fetch_from"]
+
+
+def test_a_refusal_writes_a_report_too(world, tmp_path):
+    """F14: a rebase refused before it starts still leaves a report saying why (CI publishes it)."""
+    rep = tmp_path / "rep"
+    (world["tree"] / "a.py").write_text("dirty\n")
+    res = smla(world, "--onto", world["c1"], "--source", str(world["up"]), "--report-dir", str(rep))
+    assert res.exit_code == 7
+    data = json.loads((rep / "rebase-report.json").read_text())
+    assert data["status"] == "refused" and data["error"]["exit_code"] == 7 and "uncommitted" in data["error"]["message"]
+    assert "Rebase refused" in (rep / "rebase-report.md").read_text()
+    # a refused --continue changes nothing, so the stop's report stays
+    proc.git(world["tree"], "checkout", "--", "a.py")
+    assert smla(world, "--onto", world["c2"], "--source", str(world["up"]), "--report-dir", str(rep)).exit_code == 11
+    assert smla(world, "--continue").exit_code == 11  # still unresolved
+    assert json.loads((rep / "rebase-report.json").read_text())["status"] == "conflict"
+
+
+def test_reword_while_resolving(world):
+    """F8: a patch can be reworded during the rebase: finish `git am` yourself, amend the message,
+    then `smla rebase --continue`; the new subject names the exported patch."""
+    tree = world["tree"]
+    assert smla(world, "--onto", world["c2"], "--source", str(world["up"])).exit_code == 11
+    write_lines(tree, "e.py", edit_lines(LINES, l30="E patched on top of upstream"))
+    proc.git(tree, "add", "--", "e.py")
+    proc.git(tree, "am", "--continue")
+    proc.git(tree, "commit", "-q", "--amend", "-m", "Patch e: reworded for the new base\n\nWhy: upstream moved.")
+    res = smla(world, "--continue", "--json")
+    assert res.exit_code == 0, res.output
+    e = next(p for p in json.loads(res.output)["patches"] if p["subject"].startswith("Patch e"))
+    assert e["outcome"] == "resolved" and e["new_names"] == ["0004-Patch-e-reworded-for-the-new-base.patch"]
+    assert (world["patches"] / "0004-Patch-e-reworded-for-the-new-base.patch").is_file()
     assert not (world["patches"] / "0005-Patch-e-conflicts.patch").exists()
 
 
