@@ -14,7 +14,7 @@ from smla import apply as apply_mod
 from smla import proc, series
 from smla.cli import main
 
-from gitfixtures import make_project, make_sdist, quiet
+from gitfixtures import make_project, make_sdist, patches_dir, pin_file, quiet
 
 IDENTITY = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
             "GIT_COMMITTER_EMAIL": "t@t"}
@@ -30,8 +30,8 @@ def hint_commands(output: str) -> list[list[str]]:
 
 def test_apply_failure_hint_shows_the_file_the_patch_was_tried_on(series_project):
     root, tree, _ = series_project
-    apply_mod.apply_series(series.load(root / "patches"), tree, **quiet)
-    p2 = sorted((root / "patches").glob("0002-*.patch"))[0]
+    apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)
+    p2 = sorted(patches_dir(root).glob("0002-*.patch"))[0]
     p2.write_text(p2.read_text().replace("\n B = 2\n", "\n B = 5\n"))  # no longer matches the base
     res = cli(root, tree, "apply")
     assert res.exit_code == 8, res.output
@@ -45,14 +45,14 @@ def test_apply_failure_hint_shows_the_file_the_patch_was_tried_on(series_project
 
 def test_apply_failure_at_the_trees_head_keeps_the_check_command(series_project):
     root, tree, _ = series_project
-    listed = (root / "patches" / "series").read_text()
-    (root / "patches" / "series").write_text("".join(listed.splitlines(True)[:2]))
-    (root / "patches" / "hold").mkdir()
-    p3 = sorted((root / "patches").glob("0003-*.patch"))[0]
-    p3.rename(root / "patches" / "hold" / p3.name)
-    apply_mod.apply_series(series.load(root / "patches"), tree, **quiet)  # the tree carries 0001-0002
-    (root / "patches" / "hold" / p3.name).rename(p3)
-    (root / "patches" / "series").write_text(listed)
+    listed = (patches_dir(root) / "series").read_text()
+    (patches_dir(root) / "series").write_text("".join(listed.splitlines(True)[:2]))
+    (patches_dir(root) / "hold").mkdir()
+    p3 = sorted(patches_dir(root).glob("0003-*.patch"))[0]
+    p3.rename(patches_dir(root) / "hold" / p3.name)
+    apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)  # the tree carries 0001-0002
+    (patches_dir(root) / "hold" / p3.name).rename(p3)
+    (patches_dir(root) / "series").write_text(listed)
     p3.write_text(p3.read_text().replace("\n line 19\n", "\n line 99\n"))
     res = cli(root, tree, "apply")  # 0003 is tried on the tree's HEAD
     assert res.exit_code == 8, res.output
@@ -61,7 +61,7 @@ def test_apply_failure_at_the_trees_head_keeps_the_check_command(series_project)
 
 def test_commit_hint_commits_a_new_file(series_project):
     root, tree, _ = series_project
-    apply_mod.apply_series(series.load(root / "patches"), tree, **quiet)
+    apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)
     (tree / "vllm" / "new_module.py").write_text("X = 1\n")  # a new, untracked file
     st = cli(root, tree, "status")
     cmds = [c for c in hint_commands(st.output) if c[:1] == ["git"]]
@@ -72,7 +72,7 @@ def test_commit_hint_commits_a_new_file(series_project):
         assert res.returncode == 0, (c, res.stdout, res.stderr)
     exp = cli(root, tree, "export")
     assert exp.exit_code == 0, exp.output
-    assert any("new_module.py" in p.read_text() for p in (root / "patches").glob("*.patch"))
+    assert any("new_module.py" in p.read_text() for p in patches_dir(root).glob("*.patch"))
 
 
 def test_dirty_tree_refusal_names_a_stash_that_takes_new_files(series_project):
@@ -88,7 +88,7 @@ def test_dirty_tree_refusal_names_a_stash_that_takes_new_files(series_project):
 
 def test_rebase_onto_a_commit_without_network_hints_a_mirror_not_fetch(rebase_world):
     world = rebase_world
-    pin = world["root"] / "vllm-pin.txt"
+    pin = world["pin"]
     pin.write_text(re.sub(r"^repo = .*$", "repo = http://127.0.0.1:9/vllm.git", pin.read_text(), flags=re.M))
     res = cli(world["root"], world["tree"], "rebase", "--onto", world["c1"])
     assert res.exit_code == 4, res.output

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from smla.cli import main
 
-from gitfixtures import REPO_ROOT
+from gitfixtures import REPO_ROOT, line_dir, patches_dir
 
 
 def _git(cwd: Path, *args: str) -> None:
@@ -20,23 +20,24 @@ def _git(cwd: Path, *args: str) -> None:
 
 def test_a_clone_with_autocrlf_keeps_patches_series_and_pin_lf(tmp_path):
     src = tmp_path / "src"
-    (src / "patches").mkdir(parents=True)
+    line = line_dir(REPO_ROOT).relative_to(REPO_ROOT)  # lines/<newest release>
+    (src / line / "patches").mkdir(parents=True)
     shutil.copy(REPO_ROOT / ".gitattributes", src / ".gitattributes")  # old code: there was none
-    for rel in ("vllm-pin.txt", "patches/series", *(f"patches/{n}" for n in
-                                                     (REPO_ROOT / "patches/series").read_text().split()[:2])):
-        shutil.copy(REPO_ROOT / rel, src / rel)
+    names = (patches_dir(REPO_ROOT) / "series").read_text().split()[:2]
+    for rel in ("vllm-pin.txt", "patches/series", *(f"patches/{n}" for n in names)):
+        shutil.copy(REPO_ROOT / line / rel, src / line / rel)
     _git(src, "init", "-q")
     _git(src, "add", "-A")
     _git(src, "commit", "-qm", "x")
     _git(tmp_path, "-c", "core.autocrlf=true", "clone", "-q", str(src), "clone")
     clone = tmp_path / "clone"
-    for f in [clone / "vllm-pin.txt", *sorted((clone / "patches").iterdir())]:
+    for f in [clone / line / "vllm-pin.txt", *sorted((clone / line / "patches").iterdir())]:
         assert f.read_bytes() == (src / f.relative_to(clone)).read_bytes(), f
 
 
 def test_a_crlf_patch_is_named_as_such(series_project):
     root, tree, _ = series_project
-    patch = sorted((root / "patches").glob("*.patch"))[0]
+    patch = sorted(patches_dir(root).glob("*.patch"))[0]
     patch.write_bytes(patch.read_bytes().replace(b"\n", b"\r\n"))
     res = CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "apply"])
     # old code: a hunk "does not apply" (or a malformed diff), CRLF never named

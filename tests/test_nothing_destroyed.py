@@ -18,7 +18,7 @@ from smla import apply as apply_mod, proc, series
 from smla.cli import main
 from smla.errors import ExportError, SeriesError, TreeStateError, UsageError
 
-from gitfixtures import commit_change, quiet
+from gitfixtures import commit_change, patches_dir, pin_file, quiet
 
 
 def run(*args: str, env: dict | None = None):
@@ -27,7 +27,7 @@ def run(*args: str, env: dict | None = None):
 
 def applied(series_project):
     root, tree, _ = series_project
-    apply_mod.apply_series(series.load(root / "patches"), tree, **quiet)
+    apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)
     return root, tree
 
 
@@ -128,7 +128,7 @@ index 000000000000..111111111111 100644
 
 def test_unlisted_patch_is_named_and_never_deleted(series_project):
     root, tree = applied(series_project)
-    theirs = root / "patches" / "0004-colleague-s-fix.patch"
+    theirs = patches_dir(root) / "0004-colleague-s-fix.patch"
     theirs.write_text(COLLEAGUE)
     args = ("--root", str(root), "--tree", str(tree))
     st = run("status", *args)
@@ -143,7 +143,7 @@ def test_unlisted_patch_is_named_and_never_deleted(series_project):
         assert theirs.read_text() == COLLEAGUE
         assert "0004-colleague-s-fix.patch" in res.output
     # the hint works: list it in the series and apply it
-    with (root / "patches" / "series").open("a") as fh:
+    with (patches_dir(root) / "series").open("a") as fh:
         fh.write("0004-colleague-s-fix.patch\n")
     assert run("apply", *args).exit_code == 0
     assert run("status", "--check", *args).exit_code == 0
@@ -167,11 +167,11 @@ def _hunk_count_broken(data: bytes) -> bytes:
 @pytest.mark.parametrize("edit", [_latin1_message, _hunk_count_broken], ids=["latin1-byte", "hunk-count"])
 def test_unparseable_hand_edit_is_protected_like_a_valid_one(series_project, edit):
     root, tree = applied(series_project)
-    first = sorted((root / "patches").glob("0002-*.patch"))[0]  # a hunk with context
+    first = sorted(patches_dir(root).glob("0002-*.patch"))[0]  # a hunk with context
     edited = edit(first.read_bytes())
     first.write_bytes(edited)
     with pytest.raises(SeriesError):
-        series.load(root / "patches")
+        series.load(patches_dir(root))
     st = run("status", "--root", str(root), "--tree", str(tree))
     assert st.exit_code == SeriesError.exit_code and "`smla export --force`" in st.output  # not plain export
     res = run("export", "--root", str(root), "--tree", str(tree))
@@ -188,7 +188,7 @@ def test_restore_hint_for_a_hand_edit_works(series_project):
     proc.git(root, "init", "-q")
     proc.git(root, "add", "-A")
     proc.git(root, "commit", "-q", "-m", "the series")
-    first = sorted((root / "patches").glob("0002-*.patch"))[0]
+    first = sorted(patches_dir(root).glob("0002-*.patch"))[0]
     committed = first.read_bytes()
     first.write_bytes(_latin1_message(committed))
     res = run("export", "--root", str(root), "--tree", str(tree))
@@ -208,7 +208,7 @@ def _move_pin(root: Path, upstream: Path) -> None:
     proc.git(upstream, "add", "-A")
     proc.git(upstream, "commit", "-q", "-m", "next release")
     new = proc.git_out(upstream, "rev-parse", "HEAD")
-    pin = root / "vllm-pin.txt"
+    pin = pin_file(root)
     text = re.sub(r"^commit = .*$", f"commit = {new}", pin.read_text(), flags=re.M)
     pin.write_text(text.replace("9.9.9", "9.9.10"))
 
@@ -218,7 +218,7 @@ def test_apply_and_export_refuse_a_tree_not_at_the_pin(series_project, command):
     root, tree = applied(series_project)
     upstream = Path(series_project[2].repo)
     _move_pin(root, upstream)
-    before = snapshot(root / "patches")
+    before = snapshot(patches_dir(root))
     head = proc.git_out(tree, "rev-parse", "HEAD")
     args = ("--root", str(root), "--tree", str(tree))
     res = run(command, *args)
@@ -226,7 +226,7 @@ def test_apply_and_export_refuse_a_tree_not_at_the_pin(series_project, command):
     assert "9.9.10" in res.output and "9.9.9" in res.output
     st = json.loads(run("status", "--json", *args).stdout)  # status gives the same way out
     assert st["hint"].endswith(res.output.split("hint: ", 1)[1].strip())
-    assert snapshot(root / "patches") == before and proc.git_out(tree, "rev-parse", "HEAD") == head
+    assert snapshot(patches_dir(root)) == before and proc.git_out(tree, "rev-parse", "HEAD") == head
     # the hint works when followed
     for c in hint_commands(res.output):
         words = shlex.split(c)
@@ -253,7 +253,7 @@ def test_moved_pin_hint_saves_unexported_work(series_project):
         else:  # git; the last one carries a glob, as a shell would run it
             subprocess.run(["bash", "-c", c], check=True, capture_output=True)
     assert (tree / "vllm/mine.py").read_text() == "mine = 1\n"
-    assert any("My-unexported-work" in p.name for p in (root / "patches").glob("*.patch"))
+    assert any("My-unexported-work" in p.name for p in patches_dir(root).glob("*.patch"))
     assert run("status", "--check", *args).exit_code == 0
 
 
@@ -275,11 +275,11 @@ def test_export_writes_nothing_when_a_commit_cannot_be_a_patch(series_project, m
     root, tree = applied(series_project)
     commit_change(tree, {"vllm/ok.py": "y = 2\n"}, "A fine change")
     make(tree)
-    before = snapshot(root / "patches")
+    before = snapshot(patches_dir(root))
     args = ("--root", str(root), "--tree", str(tree))
     res = run("export", *args)
     assert res.exit_code == ExportError.exit_code, res.output  # old code: 6, after writing the patches
-    assert snapshot(root / "patches") == before
+    assert snapshot(patches_dir(root)) == before
     assert run("status", *args).exit_code == 0  # old code: every command refused the series
     bad = proc.git_out(tree, "rev-parse", "HEAD")
     assert bad[:12] in res.output
@@ -306,14 +306,14 @@ def rebase(world, *args: str):
 def test_rebase_abort_keeps_files_made_during_the_stop(rebase_world):
     w = rebase_world
     root, tree = w["root"], w["tree"]
-    pin_before = (root / "vllm-pin.txt").read_bytes()
-    patches_before = snapshot(root / "patches")
+    pin_before = pin_file(root).read_bytes()
+    patches_before = snapshot(patches_dir(root))
     assert rebase(w, "--onto", w["c2"]).exit_code == 11
-    new_patch = root / "patches" / "0006-my-new-work.patch"
+    new_patch = patches_dir(root) / "0006-my-new-work.patch"
     new_patch.write_text("my new patch, written during the stop\n")
     notes = tree / "notes.txt"
     notes.write_text("my notes\n")
-    edited = sorted((root / "patches").glob("0001-*.patch"))[0]
+    edited = sorted(patches_dir(root).glob("0001-*.patch"))[0]
     edited_bytes = edited.read_bytes() + b"\n"
     edited.write_bytes(edited_bytes)
     res = rebase(w, "--abort")
@@ -323,12 +323,12 @@ def test_rebase_abort_keeps_files_made_during_the_stop(rebase_world):
     assert notes.read_text() == "my notes\n"
     for name in (new_patch.name, "notes.txt", edited.name):
         assert name in res.output
-    kept = [p for p in (root / "patches").iterdir() if p.read_bytes() == edited_bytes]
+    kept = [p for p in patches_dir(root).iterdir() if p.read_bytes() == edited_bytes]
     assert kept and kept[0].name != edited.name and not kept[0].name.endswith(".patch")
     assert str(kept[0].name) in res.output
     # what the rebase backed up is back byte for byte
-    assert (root / "vllm-pin.txt").read_bytes() == pin_before
-    now = snapshot(root / "patches")
+    assert pin_file(root).read_bytes() == pin_before
+    now = snapshot(patches_dir(root))
     assert {n: now[n] for n in patches_before} == patches_before
 
 
@@ -339,9 +339,9 @@ def test_printed_undo_of_a_finished_rebase_works(rebase_world, monkeypatch):
     w = rebase_world
     root, tree = w["root"], w["tree"]
     proc.git(root, "init", "-q")
-    proc.git(root, "add", "-A", "--", "vllm-pin.txt", "patches")
+    proc.git(root, "add", "-A", "--", "lines")
     proc.git(root, "commit", "-q", "-m", "the series")
-    before = {"vllm-pin.txt": (root / "vllm-pin.txt").read_bytes(), **snapshot(root / "patches")}
+    before = {"vllm-pin.txt": pin_file(root).read_bytes(), **snapshot(patches_dir(root))}
     res = rebase(w, "--onto", w["c1"], "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
@@ -357,7 +357,7 @@ def test_printed_undo_of_a_finished_rebase_works(rebase_world, monkeypatch):
             assert out.exit_code == 0, (c, out.output)
         else:
             subprocess.run(words, check=True, capture_output=True, env={**os.environ})
-    assert {"vllm-pin.txt": (root / "vllm-pin.txt").read_bytes(), **snapshot(root / "patches")} == before
+    assert {"vllm-pin.txt": pin_file(root).read_bytes(), **snapshot(patches_dir(root))} == before
     assert run("status", "--check").exit_code == 0
 
 
@@ -366,7 +366,7 @@ def test_printed_undo_works_without_git_too(rebase_world, monkeypatch):
     report prints copies the rebase's backup back."""
     w = rebase_world
     root = w["root"]
-    before = {"vllm-pin.txt": (root / "vllm-pin.txt").read_bytes(), **snapshot(root / "patches")}
+    before = {"vllm-pin.txt": pin_file(root).read_bytes(), **snapshot(patches_dir(root))}
     res = rebase(w, "--onto", w["c1"])
     assert res.exit_code == 0, res.output
     line = next(ln for ln in res.output.splitlines() if ln.startswith("undo: "))
@@ -380,7 +380,7 @@ def test_printed_undo_works_without_git_too(rebase_world, monkeypatch):
             assert out.exit_code == 0, (c, out.output)
         else:
             subprocess.run(words, check=True, capture_output=True)
-    assert {"vllm-pin.txt": (root / "vllm-pin.txt").read_bytes(), **snapshot(root / "patches")} == before
+    assert {"vllm-pin.txt": pin_file(root).read_bytes(), **snapshot(patches_dir(root))} == before
     assert run("status", "--check").exit_code == 0
 
 
@@ -392,9 +392,9 @@ def test_finishing_rebase_keeps_what_was_made_in_patches_during_the_stop(rebase_
     w = rebase_world
     root, tree = w["root"], w["tree"]
     assert rebase(w, "--onto", w["c2"]).exit_code == 11
-    mine = root / "patches" / "0004-my-own.patch"  # the export will write a 0004 of its own
+    mine = patches_dir(root) / "0004-my-own.patch"  # the export will write a 0004 of its own
     mine.write_text("my patch\n")
-    edited = sorted((root / "patches").glob("0001-*.patch"))[0]
+    edited = sorted(patches_dir(root).glob("0001-*.patch"))[0]
     edited_bytes = edited.read_bytes() + b"\n"
     edited.write_bytes(edited_bytes)
     write_lines(tree, "e.py", edit_lines(LINES, l30="E patched on top of upstream"))
@@ -402,8 +402,8 @@ def test_finishing_rebase_keeps_what_was_made_in_patches_during_the_stop(rebase_
     res = rebase(w, "--continue", "--json")
     assert res.exit_code == 0, res.output  # old code: 0, both gone
     data = json.loads(res.stdout)
-    assert (root / "patches" / "0004-my-own.patch.smla-kept").read_text() == "my patch\n"
-    assert (root / "patches" / f"{edited.name}.smla-kept").read_bytes() == edited_bytes
+    assert (patches_dir(root) / "0004-my-own.patch.smla-kept").read_text() == "my patch\n"
+    assert (patches_dir(root) / f"{edited.name}.smla-kept").read_bytes() == edited_bytes
     assert any("0004-my-own.patch" in k for k in data["kept"]) and any(edited.name in k for k in data["kept"])
     assert run("--root", str(root), "--tree", str(tree), "status", "--check").exit_code == 0
 
@@ -411,7 +411,7 @@ def test_finishing_rebase_keeps_what_was_made_in_patches_during_the_stop(rebase_
 def test_abort_moves_aside_an_untracked_file_the_original_branch_tracks(tmp_path):
     """Checking out the original branch (`checkout -f`) would overwrite an untracked file where that
     branch has one: abort moves it aside first and names it; other untracked files stay."""
-    from smla import rebase as rebase_mod
+    from smla.rebase import abort as abort_mod
 
     repo = tmp_path / "t"
     repo.mkdir()
@@ -422,7 +422,7 @@ def test_abort_moves_aside_an_untracked_file_the_original_branch_tracks(tmp_path
     proc.git(repo, "commit", "-q", "-m", "where the replay stands")
     (repo / "x.py").write_text("mine\n")
     (repo / "notes.txt").write_text("notes\n")
-    kept = rebase_mod._keep_untracked(repo, head)
+    kept = abort_mod.keep_untracked(repo, head)
     assert (repo / "x.py.smla-kept").read_text() == "mine\n" and not (repo / "x.py").exists()
     assert (repo / "notes.txt").read_text() == "notes\n"
     assert (repo / "d/y.py.smla-kept").is_file()

@@ -139,7 +139,7 @@ def test_conflict_then_abort_restores_bytes(world):
     # what the user made or edited meanwhile is kept and named, never deleted (docs/errors.md)
     assert {k: after[k] for k in after if k not in before} == {
         "patches/0001-Patch-a-unchanged.patch.smla-kept": b"garbage", "patches/stray.txt": b"x"}
-    assert (world["root"] / "vllm-pin.txt.smla-kept").read_text() == "broken"
+    assert world["pin"].with_name("vllm-pin.txt.smla-kept").read_text() == "broken"
     for name in ("0001-Patch-a-unchanged.patch.smla-kept", "stray.txt", "vllm-pin.txt.smla-kept"):
         assert name in res.output
     assert proc.git_out(tree, "rev-parse", "HEAD") == head

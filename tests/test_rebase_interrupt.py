@@ -42,7 +42,7 @@ def finished_like_a_clean_rebase(world, res) -> None:
     assert proc.git(tree, "status", "--porcelain").stdout == ""
     assert proc.git_out(tree, "symbolic-ref", "--short", "HEAD") == treeinfo.BRANCH
     assert not (tree / ".git" / "smla-rebase").exists()
-    series = (world["root"] / "patches" / "series").read_text().split()
+    series = (world["patches"] / "series").read_text().split()
     assert len(series) == 4
 
 
@@ -106,7 +106,7 @@ def test_interrupt_inside_the_conflicting_merge(rebase_world, monkeypatch):
     # old code: `git rev-list --count None..HEAD` failed (exit 12) after the resolution
     assert res.exit_code == 0, res.output
     assert outcomes(json.loads(res.stdout))["Patch e"] == "resolved"
-    assert "+E patched on top of upstream" in (world["root"] / "patches" / "0004-Patch-e-conflicts.patch").read_text()
+    assert "+E patched on top of upstream" in (world["patches"] / "0004-Patch-e-conflicts.patch").read_text()
 
 
 def test_interrupt_while_finishing(rebase_world, monkeypatch):

@@ -53,7 +53,7 @@ def require_work_tree(root: Path, tree: Path) -> None:
         raise UsageError(
             f"{tree} is the toolkit checkout" + ("" if here == home else f" or holds it ({root})")
             + "; refusing to remove it",
-            hint="the work tree is <root>/work/vllm unless --tree or $SMLA_TREE names another: "
+            hint="a line's work tree is <root>/work/<release>/vllm unless --tree or $SMLA_TREE names another: "
                  f"{cmd('smla', 'status')} shows which one commands use",
         )
     if (tree.is_dir() and not any(tree.iterdir())) or made_by_smla(tree):
