@@ -23,8 +23,8 @@ Flow of `start` (see docs/rebase.md):
    the imports of the patches replayed so far are checked too.
 
 `continue_` resumes after the user resolved the conflict (staged with `git
-add`, or already committed with `git am --continue`); `abort` puts the pin
-file, patches/ and the tree back as they were.
+add`, or already committed with `git am --continue`); `abort` (rebase/abort.py)
+puts the pin file, patches/ and the tree back as they were.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from smla import series as series_mod
 from smla.errors import RebaseConflict, SmlaError, TreeStateError, UsageError, cmd
 from smla.project import Project
 from smla.rebase import newline, replay, resume, verify, state as state_mod
+from smla.rebase import abort as abort_mod
 from smla.rebase import target as target_mod
 from smla.rebase.replay import WORK_BRANCH
 from smla.rebase.report import (  # noqa: F401  (text and RebaseResult: what the CLI and its tests take)
@@ -133,7 +134,7 @@ def _start(project: Project, dest: Project, tree: Path, kind: str, spec: str, ol
            "source": info.source, "commit_kind": old_pin.commit_kind}
     if ids.same_commit(target.commit, info.upstream_commit) and target.version == info.version:
         result = _noop(project, tree, old_pin, series, old, target, echo)
-        result.report_dir, result.report_name = _report_dir(report_dir), report_name
+        result.report_dir, result.report_name = state_mod.report_path(report_dir), report_name
         return result
     new_base = target_mod.bring_in(tree, info.base, target, echo)
 
@@ -167,7 +168,7 @@ def _start(project: Project, dest: Project, tree: Path, kind: str, spec: str, ol
         "at": new_base,  # where the step in flight starts (rebase/resume.py)
         "stop_head": None,
         "stops": [],
-        "report": {"dir": _report_dir(report_dir), "name": report_name},
+        "report": {"dir": state_mod.report_path(report_dir), "name": report_name},
     }
     state_mod.save(tree, state)
     proc.git(tree, "checkout", "-q", "-B", WORK_BRANCH, new_base)
@@ -182,7 +183,7 @@ def continue_(project: Project, tree: Path, *, run_tests: bool = True, report_di
     """Resume a stopped rebase once the user has resolved the conflict."""
     tree = tree.absolute()
     state = state_mod.load(tree)
-    _remember_report(state, report_dir, report_name)
+    state_mod.remember_report(state, report_dir, report_name)
     if resume.am_aborted(tree, state):
         name = resume.replay_stopped_patch_again(tree, state)
         echo(f"`git am --abort` undid the merge of {name}; replaying it again (to drop it instead: "
@@ -233,81 +234,7 @@ def continue_(project: Project, tree: Path, *, run_tests: bool = True, report_di
     return _replay(project, tree, state, run_tests, echo)
 
 
-def abort(project: Project, tree: Path, *, report_dir: Path | None = None, report_name: str | None = None,
-          echo=print) -> RebaseResult:
-    """Undo a stopped rebase: pin file, patches/ and the tree as before it."""
-    tree = tree.absolute()
-    state = state_mod.load(tree)
-    _remember_report(state, report_dir, report_name)
-    if state_mod.am_in_progress(tree):
-        proc.git(tree, "am", "--quit")
-    proc.git(tree, "reset", "-q", "--hard")
-    kept = _keep_untracked(tree, state["orig_head"])
-    if state["orig_branch"]:
-        proc.git(tree, "checkout", "-q", "-f", "-B", state["orig_branch"], state["orig_head"])
-    else:
-        proc.git(tree, "checkout", "-q", "-f", "--detach", state["orig_head"])
-    if state["orig_branch"] != WORK_BRANCH:
-        proc.git(tree, "branch", "-q", "-D", WORK_BRANCH, check=False)
-    proc.git(tree, "tag", "-f", treeinfo.BASE_TAG, state["orig_base"])
-    for key, value in state["orig_config"].items():
-        proc.git(tree, "config", key, value)
-    if state.get("opened_line"):  # the line this rebase opened goes again; the old line was never touched
-        old_line = Path(state["root"]) / "lines" / state["line"]["from"]
-        kept += newline.remove_opened_line(Path(state["opened_line"]), old_line)
-    else:
-        kept += state_mod.restore_files(tree, Path(state["pin_file"]), Path(state["patches_dir"]),
-                                        state["backup_files"])
-    state_mod.remove(tree)
-    if state.get("tree_created") and not kept:  # a tree holding what the user made during the stop stays
-        newline.remove_tree(tree)
-    elif state.get("tree_created"):
-        kept.append(f"{tree} was made by this rebase, but holds files made during the stop: kept")
-    outs = [Outcome.from_dict(o) for o in state["outcomes"]]
-    result = RebaseResult("aborted", str(tree), state["old"], state["old"], state["target"], outs,
-                          state["pin_before"], state["pin_before"], stops=state.get("stops", []), kept=kept)
-    result.report_dir, result.report_name = state.get("report", {}).get("dir"), state.get("report", {}).get("name")
-    result.line = state.get("line")
-    return result
-
-
-_abort, _continue = abort, continue_  # for run(), whose flags carry these names
-
-
-def _keep_untracked(tree: Path, orig_head: str) -> list[str]:
-    """Untracked files made during the stop stay where they are (smla.keep); one that the original
-    branch tracks, where checking it out would overwrite it, is moved aside first. Lines naming each."""
-    out = proc.git(tree, "ls-files", "--others", "--exclude-standard", "-z").stdout
-    made = sorted(p for p in out.split("\0") if p)
-    if not made:
-        return []
-    tracked = set(proc.git(tree, "ls-tree", "-r", "--name-only", "-z", orig_head).stdout.split("\0"))
-    dirs = {d for t in tracked for d in _parents(t)}
-    kept = []
-    for rel in made:
-        if rel in tracked or rel in dirs or any(d in tracked for d in _parents(rel)):
-            kept.append(f"{tree / rel} was made during the rebase: kept as {keep.move_aside(tree / rel)}")
-        else:
-            kept.append(f"{tree / rel} was made during the rebase: kept (untracked)")
-    return kept
-
-
-def _parents(rel: str) -> list[str]:
-    parts = rel.split("/")
-    return ["/".join(parts[:i]) for i in range(1, len(parts))]
-
-
-def _report_dir(d: Path | None) -> str | None:
-    return str(d.absolute()) if d is not None else None
-
-
-def _remember_report(state: dict, report_dir: Path | None, report_name: str | None) -> None:
-    """An explicit --report-dir/--report-name on --continue/--abort replaces the remembered one."""
-    rep = state.setdefault("report", {"dir": None, "name": None})
-    if report_dir is not None:
-        rep["dir"] = _report_dir(report_dir)
-    if report_name is not None:
-        rep["name"] = report_name
+_abort, _continue = abort_mod.abort, continue_  # for run(), whose flags carry these names
 
 
 # --------------------------------------------------------------------------- replay and finish

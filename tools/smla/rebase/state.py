@@ -184,3 +184,17 @@ def unmerged(tree: Path) -> list[str]:
 def pin_dict(p: pin_mod.Pin) -> dict:
     return {"repo": p.repo, "commit": p.commit, "commit_kind": p.commit_kind, "version": p.version,
             "sdist": p.sdist, "sdist_sha256": p.sdist_sha256}
+
+
+def report_path(d: Path | None) -> str | None:
+    """A --report-dir as the state file keeps it (absolute), or None."""
+    return str(d.absolute()) if d is not None else None
+
+
+def remember_report(state: dict, report_dir: Path | None, report_name: str | None) -> None:
+    """An explicit --report-dir/--report-name on --continue/--abort replaces the remembered one."""
+    rep = state.setdefault("report", {"dir": None, "name": None})
+    if report_dir is not None:
+        rep["dir"] = report_path(report_dir)
+    if report_name is not None:
+        rep["name"] = report_name
