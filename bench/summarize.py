@@ -61,7 +61,7 @@ def main(d: Path) -> None:
                "host_us"])
 
 
-# the README's Speed section: these cells of attention.json, then host.json
+# the README's Speed section: these cells of attention.json (host.json: bench/README.md)
 README_CELLS = [(8, 1), (8, 64), (8, 4096), (16, 1024), (32, 64), (32, 1024), (32, 4096),
                 (64, 1024), (128, 1024)]
 
@@ -71,7 +71,7 @@ def us(v) -> str:
 
 
 def readme(d: Path) -> None:
-    """The README's attention and host-time tables, from DIR's json."""
+    """The README's attention table, from DIR's attention.json."""
     rows = json.loads((d / "attention.json").read_text())["rows"]
     cell = {(r["heads"], r["tokens"], r["cache"], r.get("path")): r
             for r in rows if r["call"] == "engine"}
@@ -83,15 +83,6 @@ def readme(d: Path) -> None:
                      cell.get((H, T, "fp8_ds_mla", "software")))
         print(f"| {H} x {T} | {us(b['ours_us'])} | {us(b.get('flashmla_us'))} | "
               f"{us(hw['ours_us'])} | {us(sw['ours_us'])} | {us(hw.get('flashmla_us'))} |")
-    host = json.loads((d / "host.json").read_text())["rows"]
-    print()
-    print("| call (1 token, eager) | host µs |")
-    print("|---|---|")
-    for r in host:
-        what = r["call"] + "".join(f", {r[k]}" for k in ("cache", "path") if r.get(k))
-        if r.get("heads") and r["call"].startswith("attention"):
-            what += f", {r['heads']} heads"
-        print(f"| {what} | {r['host_us']:.0f} |")
 
 
 if __name__ == "__main__":
