@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 STAND_INS = [
     "tests/test_wheel.py::test_build_from_source_with_stand_in_python",
     "tests/test_wheel.py::test_from_source_needs_cuda_torch",
-    "tests/test_nightly_workflow.py::test_clean_night_opens_a_ready_pr",
+    "tests/test_nightly_workflow.py::test_a_new_release_opens_a_new_line_in_a_ready_pr",
 ]
 
 
