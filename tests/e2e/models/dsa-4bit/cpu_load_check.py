@@ -1,0 +1,184 @@
+"""Load a 4-bit tiny DeepSeek-V3.2 / GLM-5 checkpoint into vLLM's own classes on the CPU.
+
+usage: python cpu_load_check.py CKPT_DIR [--dtype bfloat16|float16]
+  with vLLM 0.26.0's Python importable (a source tree on PYTHONPATH is enough), torch,
+  transformers 5.x, safetensors. CKPT_DIR is make_checkpoint.py's output.
+
+What it checks, with vLLM's code (the stand-ins of ../deepseek-v4-tiny/cpu_load_check.py:
+the platform is vLLM's CudaPlatform faked as an H200 with 132 SMs, CUDA ops raise if called,
+none is):
+1. EngineArgs(model=CKPT_DIR, the e2e engine's settings: MTP 1 token, skip_tokenizer_init)
+   -> create_engine_config(): the config parses with MLA, the quantization vLLM picks for the
+   checkpoint's `quantization_config` on sm90 (auto_awq / auto_gptq: the Marlin classes), the
+   MTP draft DeepSeekMTPModel.
+2. The target model class and DeepSeekMTP are built on the CPU with that quantization config;
+   every linear layer of the MLPs (dense, shared experts) gets the Marlin linear method of the
+   format (AutoAWQMarlinLinearMethod / AutoGPTQLinearMethod, kernel chosen for sm90), every
+   routed-expert layer the format's Marlin MoE method (AutoAWQMoEMethod / AutoGPTQMoEMethod),
+   and every attention and indexer projection stays unquantized (UnquantizedLinearMethod).
+3. The checkpoint loads through vLLM's DefaultModelLoader.load_weights, and every byte of
+   every parameter is written (each model is loaded twice, filled with 0x00 and 0xFF bytes
+   before; a byte the loader did not write differs). load_weights returns every parameter
+   name, and vLLM's safetensors iterator yields every checkpoint tensor.
+4. Spot checks of the bytes: a dense gate_up_proj qweight is the checkpoint's gate_proj |
+   up_proj, the down_proj scales and (GPTQ) g_idx are the checkpoint's.
+Prints one line per check and "ALL OK"; exits 1 on the first failure.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+V4_CHECK = HERE.parent / "deepseek-v4-tiny" / "cpu_load_check.py"
+
+LINEAR_METHOD = {"awq": "AutoAWQMarlinLinearMethod", "gptq": "AutoGPTQLinearMethod"}
+MOE_METHOD = {"awq": "AutoAWQMoEMethod", "gptq": "AutoGPTQMoEMethod"}
+QUANTIZATION = {"awq": "auto_awq", "gptq": "auto_gptq"}
+
+
+def _v4_check_module():
+    spec = importlib.util.spec_from_file_location("v4_cpu_load_check", V4_CHECK)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def quant_methods(model) -> dict[str, str]:
+    """Module prefix -> its quant method's class name (and the linear kernel's, if any), for
+    every module that has a quant method."""
+    out = {}
+    for name, mod in model.named_modules():
+        qm = getattr(mod, "quant_method", None)
+        if qm is None:
+            continue
+        kernel = getattr(qm, "kernel", None)
+        out[name] = type(qm).__name__ + (f"/{type(kernel).__name__}" if kernel is not None else "")
+    return out
+
+
+def role(prefix: str) -> str:
+    """What a module is: attention, indexer, mlp (dense / shared experts), experts, other."""
+    if ".indexer." in prefix:
+        return "indexer"
+    if ".self_attn." in prefix or prefix.endswith(".self_attn"):
+        return "attention"
+    if prefix.endswith(".mlp.experts") or ".mlp.experts." in prefix:
+        return "experts"
+    if ".mlp." in prefix and not prefix.endswith(".mlp.gate"):
+        return "mlp"
+    return "other"
+
+
+def main(argv: list[str]) -> int:
+    ckpt = Path(argv[0]).resolve()
+    dtype = argv[argv.index("--dtype") + 1] if "--dtype" in argv else "bfloat16"
+    v4 = _v4_check_module()
+    v4._stand_ins()
+    from vllm.platforms import cuda
+
+    # Marlin's MoE workspace is sized by the SM count (an H200 has 132)
+    cuda.CudaPlatform.num_compute_units = classmethod(lambda c, device_id=0: 132)
+    import torch
+    from safetensors import safe_open
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    check = v4.Checker()
+    ckcfg = json.loads((ckpt / "config.json").read_text())
+    fmt = ckcfg["quantization_config"]["quant_method"]
+    cfg = EngineArgs(
+        model=str(ckpt), dtype=dtype, skip_tokenizer_init=True, max_model_len=8192,
+        max_num_batched_tokens=2048, max_num_seqs=64, seed=0, kv_cache_memory_bytes=4 << 30,
+        speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+        compilation_config={"mode": 0},  # no torch.compile backend on the CPU
+    ).create_engine_config()
+    mc, sc = cfg.model_config, cfg.speculative_config
+    check(mc.use_mla and mc.architectures == ckcfg["architectures"],
+          f"config parses: {mc.architectures}, mla, dtype {mc.dtype}")
+    check(mc.quantization == QUANTIZATION[fmt], f"quantization {mc.quantization} for {fmt!r}")
+    check(sc.draft_model_config.architectures == ["DeepSeekMTPModel"],
+          f"MTP draft {sc.draft_model_config.architectures}")
+
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        ck = {k: f.get_tensor(k) for k in f.keys()}
+
+    with set_current_vllm_config(cfg), set_default_torch_dtype(mc.dtype):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method="tcp://127.0.0.1:29541")
+        ensure_model_parallel_initialized(1, 1)
+        from vllm.model_executor.model_loader.utils import get_model_architecture
+        from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
+
+        target_cls, _ = get_model_architecture(mc)
+        target = target_cls(vllm_config=cfg)
+        with set_current_vllm_config(cfg):
+            draft = DeepSeekMTP(vllm_config=cfg)
+
+    for what, model in (("target", target), ("MTP", draft)):
+        methods = quant_methods(model)
+        by_role: dict[str, set[str]] = {}
+        for prefix, m in methods.items():
+            by_role.setdefault(role(prefix), set()).add(m)
+        print(f"     {what} quant methods by role: { {k: sorted(v) for k, v in sorted(by_role.items())} }")
+        check(by_role.get("mlp") and all(m.startswith(LINEAR_METHOD[fmt]) for m in by_role["mlp"]),
+              f"{what}: every dense / shared-expert MLP linear on {LINEAR_METHOD[fmt]}: {sorted(by_role.get('mlp', []))}")
+        check(by_role.get("experts") == {MOE_METHOD[fmt]},
+              f"{what}: routed experts on {MOE_METHOD[fmt]}: {sorted(by_role.get('experts', []))}")
+        check(by_role.get("attention") == {"UnquantizedLinearMethod"}
+              and by_role.get("indexer") == {"UnquantizedLinearMethod"},
+              f"{what}: attention and indexer projections unquantized: "
+              f"{sorted(by_role.get('attention', []))} / {sorted(by_role.get('indexer', []))}")
+
+    loader = DefaultModelLoader(cfg.load_config)
+    seen: set[str] = set()
+    orig = DefaultModelLoader.get_all_weights
+
+    def tracking(self, model_config, model):
+        for name, t in orig(self, model_config, model):
+            seen.add(name)
+            yield name, t
+
+    DefaultModelLoader.get_all_weights = tracking
+
+    def load_twice(model, model_config, what):
+        snaps, returned = [], None
+        for byte in (0x00, 0xFF):
+            v4._fill(model, byte)
+            with set_current_vllm_config(cfg):
+                returned = model.load_weights(loader.get_all_weights(model_config, model))
+            snaps.append(v4._snapshot(model))
+        names = {n for n, _ in model.named_parameters()}
+        check(returned == names, f"{what}: load_weights returned all {len(names)} parameters"
+              + ("" if returned == names else f"; missing {sorted(names - returned)[:8]}, "
+                 f"extra {sorted(returned - names)[:8]}"))
+        unwritten = [n for n in names if not torch.equal(snaps[0][n], snaps[1][n])]
+        check(not unwritten, f"{what}: every byte of every parameter written by the load"
+              + ("" if not unwritten else f"; not: {unwritten[:8]}"))
+
+    load_twice(target, mc, target_cls.__name__)
+    load_twice(draft, sc.draft_model_config, "DeepSeekMTP")
+    check(seen == set(ck), f"vLLM's safetensors iterator yields all {len(ck)} checkpoint tensors"
+          + ("" if seen == set(ck) else f"; not: {sorted(set(ck) - seen)[:8]}"))
+
+    tp = dict(target.named_parameters())
+    m = "model.layers.0.mlp."
+    gu = tp[m + "gate_up_proj.qweight"]
+    check(torch.equal(gu, torch.cat([ck[m + "gate_proj.qweight"], ck[m + "up_proj.qweight"]], dim=1)),
+          f"dense gate_proj | up_proj qweight -> gate_up_proj.qweight {tuple(gu.shape)}")
+    check(torch.equal(tp[m + "down_proj.scales"], ck[m + "down_proj.scales"].to(mc.dtype)),
+          "dense down_proj.scales")
+    if fmt == "gptq":
+        check(torch.equal(tp[m + "down_proj.g_idx"], ck[m + "down_proj.g_idx"]), "dense down_proj.g_idx")
+    print(f"ALL OK ({check.n} checks)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
