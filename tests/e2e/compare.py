@@ -59,6 +59,7 @@ import numpy as np
 
 import nan_probe  # the probe's records in the engine logs (same folder)
 import prompt_lp_guard  # the guard's records in the engine logs
+import quant_probe  # 4-bit kernels and IndexCache layers in the probe
 import sm80_paths  # which kernels took their sm80 paths (engine logs)
 
 INDEX_TOPK = 2048
@@ -420,7 +421,8 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
                                       "pass2_gen_tok_per_s", "cudagraph_mode", "compilation_mode",
                                       "model_probe", "drafter_probe", "worker_cudagraphs", "versions", "metrics", "prompt_tokens",
                                       "generated_tokens")}
-        e.update(side=job["side"], backend_forced=job["backend"], env=job["env"],
+        e.update(side=job["side"], model=job["model"], indexer_calls=meta.get("indexer_calls"),
+                 backend_forced=job["backend"], env=job["env"],
                  kv_cache_dtype=job.get("kv_cache_dtype", "auto"), kv_cache=meta.get("kv_cache"),
                  force_mqa=bool(job.get("force_mqa")), sparse_mla_force_mqa=meta.get("sparse_mla_force_mqa"))
         probe = nan_probe.count_checks(nan_probe.read_records(res / job["name"] / "engine.log"))
@@ -463,6 +465,7 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
                                 + (", expected ['FLASHMLA_SPARSE'] for the fp8 cache" if fp8 else ""))
         if fp8:
             failures += _kv_failures(job["name"], meta)
+        failures += quant_probe.engine_failures(job, meta, quant_probe.model_config(job["model_dir"]))
         if job.get("force_mqa") and meta.get("sparse_mla_force_mqa") is False:  # None: not recorded
             failures.append(f"{job['name']}: attention_config.sparse_mla_force_mqa requested, "
                             "the engine's config says False")
@@ -578,6 +581,7 @@ def write_report(s: dict) -> str:
             if tf.get("ref_nan_at"):
                 line += f"; non-finite in the reference: {tf['ref_nan']} at {tf['ref_nan_at'][:16]}"
             out.append(line)
+    out += quant_probe.report_lines(s)
     kv_rows = [(n, e) for n, e in s["engines"].items() if e.get("kv_cache")]
     if kv_rows:
         out += ["", "| KV cache | dtype requested | dtype used (config / layers) | GPU KV cache tokens | "

@@ -11,7 +11,8 @@ none is):
    -> create_engine_config(): the config parses with MLA, the quantization vLLM picks for the
    checkpoint's `quantization_config` on sm90 (auto_awq / auto_gptq: the Marlin classes), the
    MTP draft DeepSeekMTPModel.
-2. The target model class and DeepSeekMTP are built on the CPU with that quantization config;
+2. The target model and DeepSeekMTP are built on the CPU by vLLM's initialize_model, as the
+   engine builds them;
    every linear layer of the MLPs (dense, shared experts) gets the Marlin linear method of the
    format (AutoAWQMarlinLinearMethod / AutoGPTQLinearMethod, kernel chosen for sm90), every
    routed-expert layer the format's Marlin MoE method (AutoAWQMoEMethod / AutoGPTQMoEMethod),
@@ -19,7 +20,7 @@ none is):
 3. The checkpoint loads through vLLM's DefaultModelLoader.load_weights, and every byte of
    every parameter is written (each model is loaded twice, filled with 0x00 and 0xFF bytes
    before; a byte the loader did not write differs). load_weights returns every parameter
-   name, and vLLM's safetensors iterator yields every checkpoint tensor.
+   name (but GPTQ's MoE g_idx_sort_indices, computed after loading), and vLLM's safetensors iterator yields every checkpoint tensor.
 4. Spot checks of the bytes: a dense gate_up_proj qweight is the checkpoint's gate_proj |
    up_proj, the down_proj scales and (GPTQ) g_idx are the checkpoint's.
 Prints one line per check and "ALL OK"; exits 1 on the first failure.
@@ -37,6 +38,9 @@ V4_CHECK = HERE.parent / "deepseek-v4-tiny" / "cpu_load_check.py"
 LINEAR_METHOD = {"awq": "AutoAWQMarlinLinearMethod", "gptq": "AutoGPTQLinearMethod"}
 MOE_METHOD = {"awq": "AutoAWQMoEMethod", "gptq": "AutoGPTQMoEMethod"}
 QUANTIZATION = {"awq": "auto_awq", "gptq": "auto_gptq"}
+# Parameters no checkpoint holds: GPTQ's MoE act-order sort indices, which
+# AutoGPTQMoEMethod.process_weights_after_loading computes from g_idx.
+COMPUTED = ("g_idx_sort_indices",)
 
 
 def _v4_check_module():
@@ -113,19 +117,23 @@ def main(argv: list[str]) -> int:
         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                      distributed_init_method="tcp://127.0.0.1:29541")
         ensure_model_parallel_initialized(1, 1)
-        from vllm.model_executor.model_loader.utils import get_model_architecture
-        from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
+        from vllm.model_executor.model_loader.utils import initialize_model
 
-        target_cls, _ = get_model_architecture(mc)
-        target = target_cls(vllm_config=cfg)
-        with set_current_vllm_config(cfg):
-            draft = DeepSeekMTP(vllm_config=cfg)
+        # as the engine builds them (initialize_model: the model class's packed_modules_mapping
+        # handed to the quant config first, which GPTQ's layer matching relies on)
+        target = initialize_model(vllm_config=cfg)
+        draft = initialize_model(vllm_config=cfg, model_config=sc.draft_model_config)
+    target_cls = type(target)
+    check(type(draft).__name__ == "DeepSeekMTP", f"draft model class {type(draft).__name__}")
 
     for what, model in (("target", target), ("MTP", draft)):
         methods = quant_methods(model)
         by_role: dict[str, set[str]] = {}
         for prefix, m in methods.items():
             by_role.setdefault(role(prefix), set()).add(m)
+        odd = sorted(p for p, m in methods.items() if role(p) == "mlp" and not m.startswith(LINEAR_METHOD[fmt]))
+        if odd:
+            print(f"     {what}: MLP modules not on {LINEAR_METHOD[fmt]}: {odd[:6]}")
         print(f"     {what} quant methods by role: { {k: sorted(v) for k, v in sorted(by_role.items())} }")
         check(by_role.get("mlp") and all(m.startswith(LINEAR_METHOD[fmt]) for m in by_role["mlp"]),
               f"{what}: every dense / shared-expert MLP linear on {LINEAR_METHOD[fmt]}: {sorted(by_role.get('mlp', []))}")
@@ -154,7 +162,8 @@ def main(argv: list[str]) -> int:
             with set_current_vllm_config(cfg):
                 returned = model.load_weights(loader.get_all_weights(model_config, model))
             snaps.append(v4._snapshot(model))
-        names = {n for n, _ in model.named_parameters()}
+        names = {n for n, _ in model.named_parameters() if not n.endswith(COMPUTED)}
+        returned = set(returned) - {n for n in returned if n.endswith(COMPUTED)}
         check(returned == names, f"{what}: load_weights returned all {len(names)} parameters"
               + ("" if returned == names else f"; missing {sorted(names - returned)[:8]}, "
                  f"extra {sorted(returned - names)[:8]}"))
