@@ -4,7 +4,8 @@ and the report's lines (tests/e2e/README.md, "4-bit checkpoints" and "IndexCache
 
 Linear and MoE kernels: every module holding a `quant_method` is grouped by role (attention,
 indexer, mlp = dense MLP and shared experts, experts = the routed FusedMoE layer, other) and
-named by its quant method class, with the linear kernel vLLM chose (`quant_method.kernel`:
+named by its quant method class, with the compressed-tensors scheme where the module has one,
+and the linear kernel vLLM chose (`quant_method.kernel` or `scheme.kernel`:
 MarlinLinearKernel, MacheteLinearKernel, ...) or the MoE backend and experts class
 (`wna16_moe_backend` / `unquantized_backend`, `experts_cls`: MARLIN, TRITON, ...).
 
@@ -26,10 +27,15 @@ import sys
 FOURBIT = {"deepseek-v32-tiny-awq": ("deepseek-v32-tiny", "awq"),
            "deepseek-v32-tiny-gptq": ("deepseek-v32-tiny", "gptq"),
            "glm5-tiny-awq": ("glm5-tiny", "awq"),
-           "glm5-tiny-gptq": ("glm5-tiny", "gptq")}
+           "glm5-tiny-gptq": ("glm5-tiny", "gptq"),
+           "deepseek-v32-tiny-ct": ("deepseek-v32-tiny", "ct"),
+           "glm5-tiny-ct": ("glm5-tiny", "ct")}
 INDEXCACHE_MODELS = ("glm52-tiny",)
-LINEAR_METHOD = {"awq": "AutoAWQMarlinLinearMethod", "gptq": "AutoGPTQLinearMethod"}
-MOE_METHOD = {"awq": "AutoAWQMoEMethod", "gptq": "AutoGPTQMoEMethod"}
+# ct = compressed-tensors W4A16 (pack-quantized): the linear method names its scheme
+LINEAR_METHOD = {"awq": "AutoAWQMarlinLinearMethod", "gptq": "AutoGPTQLinearMethod",
+                 "ct": "CompressedTensorsLinearMethod/CompressedTensorsWNA16"}
+MOE_METHOD = {"awq": "AutoAWQMoEMethod", "gptq": "AutoGPTQMoEMethod",
+              "ct": "CompressedTensorsWNA16MarlinMoEMethod"}
 INDEXER_MODULE = "vllm.model_executor.layers.sparse_attn_indexer"
 _CALLS: dict[str, int] = {}
 
@@ -59,10 +65,14 @@ def _name(obj) -> str | None:
     return type(obj).__name__
 
 
-def method_name(qm) -> str:
-    """A quant method's class, plus the linear kernel or the MoE backend / experts class."""
+def method_name(qm, module=None) -> str:
+    """A quant method's class, plus the compressed-tensors scheme (held by the module), the
+    linear kernel, or the MoE backend / experts class."""
     parts = [type(qm).__name__]
-    kernel = getattr(qm, "kernel", None)
+    scheme = getattr(module, "scheme", None)
+    if scheme is not None:
+        parts.append(type(scheme).__name__)
+    kernel = getattr(qm, "kernel", None) or getattr(scheme, "kernel", None)
     if kernel is not None:
         parts.append(type(kernel).__name__)
     for attr in ("wna16_moe_backend", "unquantized_backend", "experts_cls"):
@@ -78,7 +88,7 @@ def describe_quant(model) -> dict[str, list[str]]:
     for prefix, mod in model.named_modules():
         qm = getattr(mod, "quant_method", None)
         if qm is not None:
-            by_role.setdefault(role(prefix), set()).add(method_name(qm))
+            by_role.setdefault(role(prefix), set()).add(method_name(qm, mod))
     return {k: sorted(v) for k, v in sorted(by_role.items())}
 
 

@@ -98,13 +98,17 @@ def test_packing_is_vllms_and_awq_converts_to_vllms_standard_layout(vllm_tree, t
 def test_quantisation_is_round_to_nearest_of_the_seeded_weight(fmt):
     g = torch.Generator().manual_seed(1)
     w = torch.randn(192, 512, generator=g) / 512 ** 0.5
-    t = {"awq": gen.quantize_awq, "gptq": gen.quantize_gptq}[fmt](w)
+    t = {"awq": gen.quantize_awq, "gptq": gen.quantize_gptq, "ct": gen.quantize_ct}[fmt](w)
     back = gen.dequantize(t, fmt)
-    step = t["scales"].float().repeat_interleave(gen.GROUP, dim=0).t()  # [N, K]
+    if fmt == "ct":  # [N, K/128]
+        step = t["weight_scale"].float().repeat_interleave(gen.GROUP, dim=1)
+        assert t["weight_shape"].tolist() == [192, 512]
+    else:  # [K/128, N]
+        step = t["scales"].float().repeat_interleave(gen.GROUP, dim=0).t()
     err = (back - w).abs()
     assert back.shape == w.shape
     ok = err <= step / 2 + 1e-6
-    if fmt == "gptq":  # GPTQ's symmetric grid (scale 2 amax / 15, codes -8..7) clips +amax to 7 steps
+    if fmt in ("gptq", "ct"):  # the symmetric grid (scale 2 amax / 15, codes -8..7) clips +amax to 7 steps
         ok |= (back >= 7 * step - 1e-6) & (err <= step + 1e-6)
     assert bool(ok.all()), "not round to nearest within a group's step"
     assert err.max() > 0  # a real 4-bit checkpoint: the weights do change
@@ -123,7 +127,8 @@ def test_stored_tensors_are_the_specs_and_4bit_covers_every_mlp():
         assert len(q4) == 3 * dense + (n_layers - dense) * 3 * (cfg["n_routed_experts"] + 1)
         assert all(".mlp." in n for n in q4)
         assert not any("self_attn" in n for n, (_, dt) in st.items() if dt == torch.int32)
-        assert all(f"{n}.qweight" in st and f"{n}.scales" in st for n in q4)
+        packed = {"ct": ("weight_packed", "weight_scale")}.get(fmt, ("qweight", "scales"))
+        assert all(f"{n}.{packed[0]}" in st and f"{n}.{packed[1]}" in st for n in q4)
         assert (f"{q4[0]}.g_idx" in st) == (fmt == "gptq")
 
 
@@ -135,16 +140,39 @@ def test_values_are_seeded_per_tensor_name():
     assert abs(a.std().item() - 1024 ** -0.5) < 0.002
 
 
+def _compressed_tensors_path(tmp_path: Path) -> str | None:
+    """compressed-tensors and loguru, unpacked from the e2e bundle's wheels (pure Python; the
+    toolkit does not install them): None when the bundle is not built here."""
+    import zipfile
+
+    deps = HERE.parent.parent / ".e2e" / "build" / "deps"
+    wheels = [next(iter(sorted(deps.glob(f"{n}-*.whl"))), None) for n in ("compressed_tensors", "loguru")]
+    if not all(wheels):
+        return None
+    site = tmp_path / "site"
+    for w in wheels:
+        zipfile.ZipFile(w).extractall(site)
+    return str(site)
+
+
 @pytest.mark.parametrize("base,fmt,dtype", [("deepseek-v32-tiny", "awq", "float16"),
-                                            ("glm5-tiny", "gptq", "bfloat16")])
+                                            ("glm5-tiny", "awq", "bfloat16"),
+                                            ("deepseek-v32-tiny", "gptq", "bfloat16"),
+                                            ("glm5-tiny", "gptq", "float16"),
+                                            ("glm5-tiny", "ct", "float16")])
 def test_vllm_accepts_and_loads_the_checkpoint(vllm_tree, tmp_path, base, fmt, dtype):
     """vLLM 0.26.0's config, quant classes and loader on the CPU (cpu_load_check.py): the
     format's Marlin methods for MLPs and experts, attention / indexer 16-bit, every parameter
-    byte written, every checkpoint tensor read. (The other two base x format pairs run on the
-    device from the same generator.)"""
+    byte written, every checkpoint tensor read."""
+    path = str(vllm_tree)
+    if fmt == "ct":
+        extra = _compressed_tensors_path(tmp_path)
+        if extra is None:
+            pytest.skip("compressed-tensors: no .e2e/build/deps wheels here (make e2e-bundle)")
+        path += os.pathsep + extra
     out = tmp_path / f"{base}-{fmt}"
     gen.write_checkpoint(out, base, fmt)
-    env = dict(os.environ, PYTHONPATH=str(vllm_tree), VLLM_USE_FLASHINFER_SAMPLER="0")
+    env = dict(os.environ, PYTHONPATH=path, VLLM_USE_FLASHINFER_SAMPLER="0")
     proc = subprocess.run([sys.executable, str(GEN_DIR / "cpu_load_check.py"), str(out), "--dtype", dtype],
                           env=env, capture_output=True, text=True, timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("ok", "FAIL", "ALL"))]

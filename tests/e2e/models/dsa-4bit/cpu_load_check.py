@@ -20,9 +20,11 @@ none is):
 3. The checkpoint loads through vLLM's DefaultModelLoader.load_weights, and every byte of
    every parameter is written (each model is loaded twice, filled with 0x00 and 0xFF bytes
    before; a byte the loader did not write differs). load_weights returns every parameter
-   name (but GPTQ's MoE g_idx_sort_indices, computed after loading), and vLLM's safetensors iterator yields every checkpoint tensor.
-4. Spot checks of the bytes: a dense gate_up_proj qweight is the checkpoint's gate_proj |
-   up_proj, the down_proj scales and (GPTQ) g_idx are the checkpoint's.
+   name (but the MoE act-order indices, made after loading: COMPUTED), and vLLM's safetensors iterator yields every checkpoint tensor.
+4. Spot checks of the bytes: a dense gate_up_proj qweight (weight_packed) is the checkpoint's
+   gate_proj | up_proj, the down_proj scales and (GPTQ) g_idx are the checkpoint's.
+compressed-tensors checkpoints need the `compressed_tensors` package importable (the e2e
+bundle's wheel); the other formats get an empty stand-in for it.
 Prints one line per check and "ALL OK"; exits 1 on the first failure.
 """
 from __future__ import annotations
@@ -34,13 +36,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 V4_CHECK = HERE.parent / "deepseek-v4-tiny" / "cpu_load_check.py"
+sys.path.insert(0, str(HERE.parent.parent))  # tests/e2e: the probe's helpers
+from quant_probe import LINEAR_METHOD, MOE_METHOD, method_name, role  # noqa: E402
 
-LINEAR_METHOD = {"awq": "AutoAWQMarlinLinearMethod", "gptq": "AutoGPTQLinearMethod"}
-MOE_METHOD = {"awq": "AutoAWQMoEMethod", "gptq": "AutoGPTQMoEMethod"}
-QUANTIZATION = {"awq": "auto_awq", "gptq": "auto_gptq"}
-# Parameters no checkpoint holds: GPTQ's MoE act-order sort indices, which
-# AutoGPTQMoEMethod.process_weights_after_loading computes from g_idx.
-COMPUTED = ("g_idx_sort_indices",)
+QUANTIZATION = {"awq": "auto_awq", "gptq": "auto_gptq", "compressed-tensors": "compressed-tensors"}
+FORMAT = {"awq": "awq", "gptq": "gptq", "compressed-tensors": "ct"}  # quant_method -> generator format
+# Parameters no checkpoint without act order holds, made after loading by the MoE methods'
+# process_weights_after_loading: GPTQ's sort indices (from g_idx), compressed-tensors' expert
+# g_idx (CompressedTensorsWNA16MarlinMoEMethod, actorder None).
+COMPUTED = ("g_idx_sort_indices", "experts.w13_weight_g_idx", "experts.w2_weight_g_idx")
 
 
 def _v4_check_module():
@@ -51,29 +55,9 @@ def _v4_check_module():
 
 
 def quant_methods(model) -> dict[str, str]:
-    """Module prefix -> its quant method's class name (and the linear kernel's, if any), for
-    every module that has a quant method."""
-    out = {}
-    for name, mod in model.named_modules():
-        qm = getattr(mod, "quant_method", None)
-        if qm is None:
-            continue
-        kernel = getattr(qm, "kernel", None)
-        out[name] = type(qm).__name__ + (f"/{type(kernel).__name__}" if kernel is not None else "")
-    return out
-
-
-def role(prefix: str) -> str:
-    """What a module is: attention, indexer, mlp (dense / shared experts), experts, other."""
-    if ".indexer." in prefix:
-        return "indexer"
-    if ".self_attn." in prefix or prefix.endswith(".self_attn"):
-        return "attention"
-    if prefix.endswith(".mlp.experts") or ".mlp.experts." in prefix:
-        return "experts"
-    if ".mlp." in prefix and not prefix.endswith(".mlp.gate"):
-        return "mlp"
-    return "other"
+    """Module prefix -> its quant method (the e2e probe's naming), for every module that has one."""
+    return {name: method_name(mod.quant_method, mod) for name, mod in model.named_modules()
+            if getattr(mod, "quant_method", None) is not None}
 
 
 def main(argv: list[str]) -> int:
@@ -96,7 +80,8 @@ def main(argv: list[str]) -> int:
 
     check = v4.Checker()
     ckcfg = json.loads((ckpt / "config.json").read_text())
-    fmt = ckcfg["quantization_config"]["quant_method"]
+    method = ckcfg["quantization_config"]["quant_method"]
+    fmt = FORMAT[method]
     cfg = EngineArgs(
         model=str(ckpt), dtype=dtype, skip_tokenizer_init=True, max_model_len=8192,
         max_num_batched_tokens=2048, max_num_seqs=64, seed=0, kv_cache_memory_bytes=4 << 30,
@@ -106,7 +91,7 @@ def main(argv: list[str]) -> int:
     mc, sc = cfg.model_config, cfg.speculative_config
     check(mc.use_mla and mc.architectures == ckcfg["architectures"],
           f"config parses: {mc.architectures}, mla, dtype {mc.dtype}")
-    check(mc.quantization == QUANTIZATION[fmt], f"quantization {mc.quantization} for {fmt!r}")
+    check(mc.quantization == QUANTIZATION[method], f"quantization {mc.quantization} for {method!r}")
     check(sc.draft_model_config.architectures == ["DeepSeekMTPModel"],
           f"MTP draft {sc.draft_model_config.architectures}")
 
@@ -137,7 +122,7 @@ def main(argv: list[str]) -> int:
         print(f"     {what} quant methods by role: { {k: sorted(v) for k, v in sorted(by_role.items())} }")
         check(by_role.get("mlp") and all(m.startswith(LINEAR_METHOD[fmt]) for m in by_role["mlp"]),
               f"{what}: every dense / shared-expert MLP linear on {LINEAR_METHOD[fmt]}: {sorted(by_role.get('mlp', []))}")
-        check(by_role.get("experts") == {MOE_METHOD[fmt]},
+        check(by_role.get("experts") and all(m.startswith(MOE_METHOD[fmt]) for m in by_role["experts"]),
               f"{what}: routed experts on {MOE_METHOD[fmt]}: {sorted(by_role.get('experts', []))}")
         check(by_role.get("attention") == {"UnquantizedLinearMethod"}
               and by_role.get("indexer") == {"UnquantizedLinearMethod"},
@@ -178,11 +163,14 @@ def main(argv: list[str]) -> int:
 
     tp = dict(target.named_parameters())
     m = "model.layers.0.mlp."
-    gu = tp[m + "gate_up_proj.qweight"]
-    check(torch.equal(gu, torch.cat([ck[m + "gate_proj.qweight"], ck[m + "up_proj.qweight"]], dim=1)),
-          f"dense gate_proj | up_proj qweight -> gate_up_proj.qweight {tuple(gu.shape)}")
-    check(torch.equal(tp[m + "down_proj.scales"], ck[m + "down_proj.scales"].to(mc.dtype)),
-          "dense down_proj.scales")
+    if fmt == "ct":  # packed along K: gate | up stack along N, dim 0
+        qw, sc, cat = "weight_packed", "weight_scale", 0
+    else:  # AWQ [K, N/8], GPTQ [K/8, N]: gate | up along N, dim 1
+        qw, sc, cat = "qweight", "scales", 1
+    gu = tp[f"{m}gate_up_proj.{qw}"]
+    check(torch.equal(gu, torch.cat([ck[f"{m}gate_proj.{qw}"], ck[f"{m}up_proj.{qw}"]], dim=cat)),
+          f"dense gate_proj | up_proj {qw} -> gate_up_proj.{qw} {tuple(gu.shape)}")
+    check(torch.equal(tp[f"{m}down_proj.{sc}"], ck[f"{m}down_proj.{sc}"].to(mc.dtype)), f"dense down_proj.{sc}")
     if fmt == "gptq":
         check(torch.equal(tp[m + "down_proj.g_idx"], ck[m + "down_proj.g_idx"]), "dense down_proj.g_idx")
     print(f"ALL OK ({check.n} checks)")

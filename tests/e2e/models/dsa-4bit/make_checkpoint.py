@@ -1,6 +1,6 @@
-"""Write a tiny DeepSeek-V3.2 / GLM-5 checkpoint with 4-bit MLP weights (AWQ or GPTQ).
+"""Write a tiny DeepSeek-V3.2 / GLM-5 checkpoint with 4-bit MLP weights (AWQ, GPTQ, compressed-tensors).
 
-usage: python make_checkpoint.py OUT_DIR --base deepseek-v32-tiny|glm5-tiny --format awq|gptq
+usage: python make_checkpoint.py OUT_DIR --base deepseek-v32-tiny|glm5-tiny --format awq|gptq|ct
                                  [--seed N]
 
 Writes OUT_DIR/model.safetensors and OUT_DIR/config.json (the base model's config from
@@ -36,6 +36,11 @@ Formats (the layouts vLLM 0.26.0's loaders read: quantization/auto_awq.py, auto_
   `qweight` int32 [K/8, N] (8 codes per int32 along K, nibble j = row 8i + j), `qzeros` int32
   [K/128, N/8] (along N, each 8 - 1 = 7: the v1 format's stored zero), `scales` fp16 [K/128, N],
   `g_idx` int32 [K] = k // 128; w = (q - 8) * s (vLLM's uint4b8).
+- compressed-tensors W4A16 (`quant_method` "compressed-tensors", format "pack-quantized",
+  symmetric int4, strategy group 128, targets Linear, the 16-bit modules in `ignore` as
+  "re:" patterns): `weight_packed` int32 [N, K/8] (8 codes per int32 along K, nibble j =
+  column 8i + j, each code q + 8), `weight_scale` [N, K/128] (bf16), `weight_shape` int32
+  [N, K]; w = (code - 8) * s. GPTQ's symmetric grid, the scales rounded to bf16 first.
 
 Values: each full-precision tensor from its own generator seeded by (seed, tensor name), as
 in the DeepSeek-V4 generator: linear weights N(0, 1/fan_in) (the 4-bit ones are quantised
@@ -62,7 +67,7 @@ GROUP = 128
 BITS = 4
 PACK = 32 // BITS
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # column held by nibble j (AutoAWQ GEMM)
-FORMATS = ("awq", "gptq")
+FORMATS = ("awq", "gptq", "ct")
 BASES = ("deepseek-v32-tiny", "glm5-tiny")
 # Substrings of vLLM module prefixes that stay 16-bit. AWQ: `modules_to_not_convert`
 # (is_layer_skipped, substring match); GPTQ: the same as GPTQModel's negative `dynamic` rules.
@@ -85,6 +90,16 @@ def quantization_config(fmt: str) -> dict:
                 "desc_act": False, "lm_head": False, "checkpoint_format": "gptq",
                 "dynamic": {f"-:.*{m}.*": {} for m in NOT_4BIT},
                 "modules_in_block_to_quantize": [list(GPTQ_IN_BLOCK)]}
+    if fmt == "ct":
+        weights = {"num_bits": BITS, "type": "int", "symmetric": True, "strategy": "group",
+                   "group_size": GROUP, "dynamic": False, "actorder": None, "observer": "minmax",
+                   "observer_kwargs": {}, "block_structure": None}
+        return {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                "quantization_status": "compressed", "kv_cache_scheme": None,
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                              "input_activations": None, "output_activations": None,
+                                              "format": "pack-quantized"}},
+                "ignore": [f"re:.*{m}.*" for m in NOT_4BIT] + ["re:.*mlp[.]gate$"]}
     raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
 
 
@@ -152,6 +167,11 @@ def stored_tensors(cfg: dict, fmt: str) -> dict[str, tuple[tuple[int, ...], torc
             out[name] = (shape, torch.float32 if kind == "gate_bias" else torch.bfloat16)
             continue
         n, k = shape
+        if fmt == "ct":
+            out[f"{name}.weight_packed"] = ((n, k // PACK), torch.int32)
+            out[f"{name}.weight_scale"] = ((n, k // GROUP), torch.bfloat16)
+            out[f"{name}.weight_shape"] = ((2,), torch.int32)
+            continue
         out[f"{name}.qweight"] = ((k, n // PACK) if fmt == "awq" else (k // PACK, n), torch.int32)
         out[f"{name}.qzeros"] = ((k // GROUP, n // PACK), torch.int32)
         out[f"{name}.scales"] = ((k // GROUP, n), torch.float16)
@@ -194,6 +214,11 @@ def unpack_along_cols(packed: torch.Tensor, order=tuple(range(PACK))) -> torch.T
     return out.reshape(r, w * PACK).to(torch.int32)
 
 
+def pack_along_rows_inverse(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_along_rows."""
+    return unpack_along_cols(packed.t().contiguous()).t().contiguous()
+
+
 def quantize_awq(w: torch.Tensor) -> dict[str, torch.Tensor]:
     """w [N, K] fp32 -> AWQ tensors (asymmetric, zero point, group 128 along K)."""
     n, k = w.shape
@@ -219,8 +244,23 @@ def quantize_gptq(w: torch.Tensor) -> dict[str, torch.Tensor]:
             "g_idx": (torch.arange(k) // GROUP).to(torch.int32)}
 
 
+def quantize_ct(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """w [N, K] fp32 -> compressed-tensors pack-quantized tensors: GPTQ's symmetric grid, the
+    scale stored (and used for the codes) in bf16."""
+    n, k = w.shape
+    g = w.reshape(n, k // GROUP, GROUP)
+    scale = (g.abs().amax(dim=2).clamp(min=1e-8) * 2 / 15).bfloat16()  # [N, K/128]
+    codes = torch.clamp(torch.round(g / scale.float()[:, :, None]) + 8, 0, 15).reshape(n, k)
+    return {"weight_packed": pack_along_cols(codes), "weight_scale": scale,
+            "weight_shape": torch.tensor([n, k], dtype=torch.int32)}
+
+
 def dequantize(t: dict[str, torch.Tensor], fmt: str) -> torch.Tensor:
     """The [N, K] weight the 4-bit tensors of one module stand for (fp32)."""
+    if fmt == "ct":
+        q = unpack_along_cols(t["weight_packed"]).float()  # [N, K]
+        s = t["weight_scale"].float()  # [N, K / 128]
+        return (q - 8) * s.repeat_interleave(GROUP, dim=1)
     s = t["scales"].float()
     if fmt == "awq":
         q = unpack_along_cols(t["qweight"], AWQ_ORDER).float()
@@ -232,10 +272,6 @@ def dequantize(t: dict[str, torch.Tensor], fmt: str) -> torch.Tensor:
     gi = torch.arange(k) // GROUP
     return ((q - z[gi]) * s[gi]).t().contiguous()
 
-
-def pack_along_rows_inverse(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of pack_along_rows."""
-    return unpack_along_cols(packed.t().contiguous()).t().contiguous()
 
 
 def full_precision(name: str, shape: tuple[int, ...], kind: str, seed: int) -> torch.Tensor:
@@ -257,7 +293,7 @@ def full_precision(name: str, shape: tuple[int, ...], kind: str, seed: int) -> t
 
 
 def make_tensors(cfg: dict, fmt: str, seed: int = SEED) -> dict[str, torch.Tensor]:
-    quantize = {"awq": quantize_awq, "gptq": quantize_gptq}[fmt]
+    quantize = {"awq": quantize_awq, "gptq": quantize_gptq, "ct": quantize_ct}[fmt]
     out: dict[str, torch.Tensor] = {}
     for name, shape, kind in checkpoint_specs(cfg):
         t = full_precision(name, shape, kind, seed)
