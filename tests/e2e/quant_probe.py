@@ -29,13 +29,17 @@ FOURBIT = {"deepseek-v32-tiny-awq": ("deepseek-v32-tiny", "awq"),
            "glm5-tiny-awq": ("glm5-tiny", "awq"),
            "glm5-tiny-gptq": ("glm5-tiny", "gptq"),
            "deepseek-v32-tiny-ct": ("deepseek-v32-tiny", "ct"),
-           "glm5-tiny-ct": ("glm5-tiny", "ct")}
+           "glm5-tiny-ct": ("glm5-tiny", "ct"),
+           "deepseek-v32-tiny-nvfp4": ("deepseek-v32-tiny", "nvfp4"),
+           "glm5-tiny-nvfp4": ("glm5-tiny", "nvfp4")}
 INDEXCACHE_MODELS = ("glm52-tiny",)
 # ct = compressed-tensors W4A16 (pack-quantized): the linear method names its scheme
 LINEAR_METHOD = {"awq": "AutoAWQMarlinLinearMethod", "gptq": "AutoGPTQLinearMethod",
-                 "ct": "CompressedTensorsLinearMethod/CompressedTensorsWNA16"}
+                 "ct": "CompressedTensorsLinearMethod/CompressedTensorsWNA16",
+                 "nvfp4": "ModelOptNvFp4LinearMethod"}
 MOE_METHOD = {"awq": "AutoAWQMoEMethod", "gptq": "AutoGPTQMoEMethod",
-              "ct": "CompressedTensorsWNA16MarlinMoEMethod"}
+              "ct": "CompressedTensorsWNA16MarlinMoEMethod",
+              "nvfp4": "ModelOptNvFp4FusedMoE"}
 INDEXER_MODULE = "vllm.model_executor.layers.sparse_attn_indexer"
 _CALLS: dict[str, int] = {}
 
@@ -128,6 +132,12 @@ def worker_indexer_calls(worker) -> dict[str, int]:
     return dict(sorted(_CALLS.items()))
 
 
+def is_16bit(method: str) -> bool:
+    """An attention / indexer module left 16-bit: an unquantized linear, or the KV-cache method a
+    quant config attaches to the attention layer (ModelOpt's, with no KV-cache scheme)."""
+    return method.startswith("UnquantizedLinearMethod") or method.endswith("KVCacheMethod")
+
+
 def expected_skip(layer: int, cfg: dict) -> bool:
     """vLLM 0.26.0's rule (deepseek_v2.py) for a target layer without its own indexer."""
     freq, offset = cfg.get("index_topk_freq", 1), cfg.get("index_skip_topk_offset", 2)
@@ -155,7 +165,7 @@ def engine_failures(job: dict, meta: dict, model_cfg: dict | None) -> list[str]:
                 if not exp or not all(m.startswith(MOE_METHOD[fmt]) for m in exp):
                     out.append(f"{name}: {where}: routed experts {exp}, expected {MOE_METHOD[fmt]}")
                 for r in ("attention", "indexer"):
-                    if any(not m.startswith("UnquantizedLinearMethod") for m in q.get(r, [])):
+                    if any(not is_16bit(m) for m in q.get(r, [])):
                         out.append(f"{name}: {where}: {r} {q[r]}, expected 16-bit (UnquantizedLinearMethod)")
     if job["model"] in INDEXCACHE_MODELS and model_cfg is not None:
         n = model_cfg["num_hidden_layers"]

@@ -94,7 +94,23 @@ def test_packing_is_vllms_and_awq_converts_to_vllms_standard_layout(vllm_tree, t
     assert torch.equal(v["converted_qzeros"], gen.pack_along_rows(z.t().contiguous()))
 
 
-@pytest.mark.parametrize("fmt", gen.FORMATS)
+def test_nvfp4_is_nearest_on_the_e2m1_grid_with_e4m3_block_scales():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(64, 256, generator=g) / 16
+    t = gen.quantize_nvfp4(w)
+    assert t["weight"].dtype == torch.uint8 and t["weight"].shape == (64, 128)
+    assert t["weight_scale"].dtype == torch.float8_e4m3fn and t["weight_scale"].shape == (64, 16)
+    eff = (t["weight_scale"].float() * t["weight_scale_2"]).repeat_interleave(16, dim=1)
+    x = w / eff
+    grid = torch.tensor(gen.E2M1)
+    cand = torch.cat([grid, -grid])
+    nearest = cand[(x.unsqueeze(-1) - cand).abs().argmin(dim=-1)]
+    back = gen.dequantize(t, "nvfp4") / eff
+    assert torch.allclose((back - x).abs(), (nearest - x).abs(), atol=1e-5)  # nearest grid point
+    assert (t["weight"] & 0x0F).max() <= 15 and float(t["weight_scale_2"]) > 0
+
+
+@pytest.mark.parametrize("fmt", ("awq", "gptq", "ct"))
 def test_quantisation_is_round_to_nearest_of_the_seeded_weight(fmt):
     g = torch.Generator().manual_seed(1)
     w = torch.randn(192, 512, generator=g) / 512 ** 0.5
@@ -126,8 +142,9 @@ def test_stored_tensors_are_the_specs_and_4bit_covers_every_mlp():
         dense = cfg["first_k_dense_replace"]
         assert len(q4) == 3 * dense + (n_layers - dense) * 3 * (cfg["n_routed_experts"] + 1)
         assert all(".mlp." in n for n in q4)
-        assert not any("self_attn" in n for n, (_, dt) in st.items() if dt == torch.int32)
-        packed = {"ct": ("weight_packed", "weight_scale")}.get(fmt, ("qweight", "scales"))
+        assert not any("self_attn" in n for n, (_, dt) in st.items() if dt in (torch.int32, torch.uint8))
+        packed = {"ct": ("weight_packed", "weight_scale"),
+                  "nvfp4": ("weight", "weight_scale")}.get(fmt, ("qweight", "scales"))
         assert all(f"{n}.{packed[0]}" in st and f"{n}.{packed[1]}" in st for n in q4)
         assert (f"{q4[0]}.g_idx" in st) == (fmt == "gptq")
 
@@ -159,7 +176,8 @@ def _compressed_tensors_path(tmp_path: Path) -> str | None:
                                             ("glm5-tiny", "awq", "bfloat16"),
                                             ("deepseek-v32-tiny", "gptq", "bfloat16"),
                                             ("glm5-tiny", "gptq", "float16"),
-                                            ("glm5-tiny", "ct", "float16")])
+                                            ("glm5-tiny", "ct", "float16"),
+                                            ("deepseek-v32-tiny", "nvfp4", "bfloat16")])
 def test_vllm_accepts_and_loads_the_checkpoint(vllm_tree, tmp_path, base, fmt, dtype):
     """vLLM 0.26.0's config, quant classes and loader on the CPU (cpu_load_check.py): the
     format's Marlin methods for MLPs and experts, attention / indexer 16-bit, every parameter

@@ -37,14 +37,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 V4_CHECK = HERE.parent / "deepseek-v4-tiny" / "cpu_load_check.py"
 sys.path.insert(0, str(HERE.parent.parent))  # tests/e2e: the probe's helpers
-from quant_probe import LINEAR_METHOD, MOE_METHOD, method_name, role  # noqa: E402
+from quant_probe import LINEAR_METHOD, MOE_METHOD, is_16bit, method_name, role  # noqa: E402
 
-QUANTIZATION = {"awq": "auto_awq", "gptq": "auto_gptq", "compressed-tensors": "compressed-tensors"}
-FORMAT = {"awq": "awq", "gptq": "gptq", "compressed-tensors": "ct"}  # quant_method -> generator format
+QUANTIZATION = {"awq": "auto_awq", "gptq": "auto_gptq", "compressed-tensors": "compressed-tensors",
+                "modelopt": "modelopt_fp4"}
+FORMAT = {"awq": "awq", "gptq": "gptq", "compressed-tensors": "ct", "modelopt": "nvfp4"}  # quant_method -> generator format
 # Parameters no checkpoint without act order holds, made after loading by the MoE methods'
 # process_weights_after_loading: GPTQ's sort indices (from g_idx), compressed-tensors' expert
 # g_idx (CompressedTensorsWNA16MarlinMoEMethod, actorder None).
-COMPUTED = ("g_idx_sort_indices", "experts.w13_weight_g_idx", "experts.w2_weight_g_idx")
+# And the attention layer's KV-cache scales a ModelOpt config attaches (ModelOptKVCacheMethod:
+# 1.0 after loading when the checkpoint has none, as with kv_cache_scheme None).
+COMPUTED = ("g_idx_sort_indices", "experts.w13_weight_g_idx", "experts.w2_weight_g_idx",
+            "attn.k_scale", "attn.v_scale", "attn.q_scale", "attn.prob_scale")
 
 
 def _v4_check_module():
@@ -58,6 +62,30 @@ def quant_methods(model) -> dict[str, str]:
     """Module prefix -> its quant method (the e2e probe's naming), for every module that has one."""
     return {name: method_name(mod.quant_method, mod) for name, mod in model.named_modules()
             if getattr(mod, "quant_method", None) is not None}
+
+
+def _fill(model, byte: int) -> None:
+    """Every parameter's bytes set to `byte` (0-dim scales too)."""
+    import torch
+
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.data.reshape(-1).view(torch.uint8).fill_(byte)
+
+
+def _snapshot(model) -> dict:
+    import torch
+
+    return {n: p.data.detach().reshape(-1).contiguous().view(torch.uint8).clone()
+            for n, p in model.named_parameters()}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def main(argv: list[str]) -> int:
@@ -100,7 +128,7 @@ def main(argv: list[str]) -> int:
 
     with set_current_vllm_config(cfg), set_default_torch_dtype(mc.dtype):
         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method="tcp://127.0.0.1:29541")
+                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
         ensure_model_parallel_initialized(1, 1)
         from vllm.model_executor.model_loader.utils import initialize_model
 
@@ -116,16 +144,17 @@ def main(argv: list[str]) -> int:
         by_role: dict[str, set[str]] = {}
         for prefix, m in methods.items():
             by_role.setdefault(role(prefix), set()).add(m)
-        odd = sorted(p for p, m in methods.items() if role(p) == "mlp" and not m.startswith(LINEAR_METHOD[fmt]))
+        odd = sorted(p for p, m in methods.items() if (role(p) == "mlp" and not m.startswith(LINEAR_METHOD[fmt]))
+                     or (role(p) == "other" and not m.startswith("Unquantized")))
         if odd:
-            print(f"     {what}: MLP modules not on {LINEAR_METHOD[fmt]}: {odd[:6]}")
+            print(f"     {what}: MLP modules not on {LINEAR_METHOD[fmt]}, other modules quantized: {odd[:6]}")
         print(f"     {what} quant methods by role: { {k: sorted(v) for k, v in sorted(by_role.items())} }")
         check(by_role.get("mlp") and all(m.startswith(LINEAR_METHOD[fmt]) for m in by_role["mlp"]),
               f"{what}: every dense / shared-expert MLP linear on {LINEAR_METHOD[fmt]}: {sorted(by_role.get('mlp', []))}")
         check(by_role.get("experts") and all(m.startswith(MOE_METHOD[fmt]) for m in by_role["experts"]),
               f"{what}: routed experts on {MOE_METHOD[fmt]}: {sorted(by_role.get('experts', []))}")
-        check(by_role.get("attention") == {"UnquantizedLinearMethod"}
-              and by_role.get("indexer") == {"UnquantizedLinearMethod"},
+        check(by_role.get("attention") and by_role.get("indexer")
+              and all(is_16bit(m) for r in ("attention", "indexer") for m in by_role[r]),
               f"{what}: attention and indexer projections unquantized: "
               f"{sorted(by_role.get('attention', []))} / {sorted(by_role.get('indexer', []))}")
 
@@ -143,10 +172,10 @@ def main(argv: list[str]) -> int:
     def load_twice(model, model_config, what):
         snaps, returned = [], None
         for byte in (0x00, 0xFF):
-            v4._fill(model, byte)
+            _fill(model, byte)
             with set_current_vllm_config(cfg):
                 returned = model.load_weights(loader.get_all_weights(model_config, model))
-            snaps.append(v4._snapshot(model))
+            snaps.append(_snapshot(model))
         names = {n for n, _ in model.named_parameters() if not n.endswith(COMPUTED)}
         returned = set(returned) - {n for n in returned if n.endswith(COMPUTED)}
         check(returned == names, f"{what}: load_weights returned all {len(names)} parameters"
@@ -165,12 +194,17 @@ def main(argv: list[str]) -> int:
     m = "model.layers.0.mlp."
     if fmt == "ct":  # packed along K: gate | up stack along N, dim 0
         qw, sc, cat = "weight_packed", "weight_scale", 0
+    elif fmt == "nvfp4":
+        qw, sc, cat = "weight", "weight_scale", 0
     else:  # AWQ [K, N/8], GPTQ [K/8, N]: gate | up along N, dim 1
         qw, sc, cat = "qweight", "scales", 1
     gu = tp[f"{m}gate_up_proj.{qw}"]
     check(torch.equal(gu, torch.cat([ck[f"{m}gate_proj.{qw}"], ck[f"{m}up_proj.{qw}"]], dim=cat)),
           f"dense gate_proj | up_proj {qw} -> gate_up_proj.{qw} {tuple(gu.shape)}")
-    check(torch.equal(tp[f"{m}down_proj.{sc}"], ck[f"{m}down_proj.{sc}"].to(mc.dtype)), f"dense down_proj.{sc}")
+    want = ck[f"{m}down_proj.{sc}"]
+    got = tp[f"{m}down_proj.{sc}"]
+    check(torch.equal(got.view(torch.uint8), want.view(torch.uint8)) if fmt == "nvfp4"
+          else torch.equal(got, want.to(mc.dtype)), f"dense down_proj.{sc}")
     if fmt == "gptq":
         check(torch.equal(tp[m + "down_proj.g_idx"], ck[m + "down_proj.g_idx"]), "dense down_proj.g_idx")
     print(f"ALL OK ({check.n} checks)")

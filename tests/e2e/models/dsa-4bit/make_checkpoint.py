@@ -1,6 +1,6 @@
-"""Write a tiny DeepSeek-V3.2 / GLM-5 checkpoint with 4-bit MLP weights (AWQ, GPTQ, compressed-tensors).
+"""Write a tiny DeepSeek-V3.2 / GLM-5 checkpoint with 4-bit MLP weights (AWQ, GPTQ, compressed-tensors, NVFP4).
 
-usage: python make_checkpoint.py OUT_DIR --base deepseek-v32-tiny|glm5-tiny --format awq|gptq|ct
+usage: python make_checkpoint.py OUT_DIR --base deepseek-v32-tiny|glm5-tiny --format awq|gptq|ct|nvfp4
                                  [--seed N]
 
 Writes OUT_DIR/model.safetensors and OUT_DIR/config.json (the base model's config from
@@ -41,6 +41,12 @@ Formats (the layouts vLLM 0.26.0's loaders read: quantization/auto_awq.py, auto_
   "re:" patterns): `weight_packed` int32 [N, K/8] (8 codes per int32 along K, nibble j =
   column 8i + j, each code q + 8), `weight_scale` [N, K/128] (bf16), `weight_shape` int32
   [N, K]; w = (code - 8) * s. GPTQ's symmetric grid, the scales rounded to bf16 first.
+- NVFP4 (ModelOpt, `quant_method` "modelopt", quant_algo NVFP4, group size 16, the 16-bit
+  modules in `ignore` as wildcards): `weight` uint8 [N, K/2] (two E2M1 codes per byte, low
+  nibble first: element 2i low, 2i+1 high; bit 3 the sign), `weight_scale` float8_e4m3fn
+  [N, K/16] (per 16 inputs), `weight_scale_2` fp32 scalar (per tensor: amax / (448 * 6)),
+  `input_scale` fp32 scalar (1.0: the activation scale of W4A4 kernels, which the W4A16
+  Marlin path does not read); w = e2m1 * weight_scale * weight_scale_2.
 
 Values: each full-precision tensor from its own generator seeded by (seed, tensor name), as
 in the DeepSeek-V4 generator: linear weights N(0, 1/fan_in) (the 4-bit ones are quantised
@@ -67,11 +73,16 @@ GROUP = 128
 BITS = 4
 PACK = 32 // BITS
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # column held by nibble j (AutoAWQ GEMM)
-FORMATS = ("awq", "gptq", "ct")
+FORMATS = ("awq", "gptq", "ct", "nvfp4")
+NVFP4_GROUP = 16
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude of code & 7
+FP8_MAX = 448.0
 BASES = ("deepseek-v32-tiny", "glm5-tiny")
 # Substrings of vLLM module prefixes that stay 16-bit. AWQ: `modules_to_not_convert`
 # (is_layer_skipped, substring match); GPTQ: the same as GPTQModel's negative `dynamic` rules.
-NOT_4BIT = ("self_attn", "eh_proj", "shared_head", "lm_head", "embed_tokens")
+# ".head": the MTP layer's shared head, whose quant prefix is model.layers.L.head
+# (deepseek_mtp.py builds SharedHead with the layer's prefix).
+NOT_4BIT = ("self_attn", "eh_proj", "shared_head", "lm_head", "embed_tokens", ".head")
 # GPTQ `modules_in_block_to_quantize` (is_layer_gptq_quantized: substring of the prefix):
 # the dense / shared-expert MLP projections (routed experts are the FusedMoE layer, which
 # the GPTQ config quantises unless a `dynamic` rule says otherwise). Substrings, not full
@@ -100,6 +111,9 @@ def quantization_config(fmt: str) -> dict:
                                               "input_activations": None, "output_activations": None,
                                               "format": "pack-quantized"}},
                 "ignore": [f"re:.*{m}.*" for m in NOT_4BIT] + ["re:.*mlp[.]gate$"]}
+    if fmt == "nvfp4":
+        return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": NVFP4_GROUP,
+                "kv_cache_scheme": None, "ignore": [f"*{m}*" for m in NOT_4BIT] + ["*mlp.gate"]}
     raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
 
 
@@ -167,6 +181,12 @@ def stored_tensors(cfg: dict, fmt: str) -> dict[str, tuple[tuple[int, ...], torc
             out[name] = (shape, torch.float32 if kind == "gate_bias" else torch.bfloat16)
             continue
         n, k = shape
+        if fmt == "nvfp4":
+            out[f"{name}.weight"] = ((n, k // 2), torch.uint8)
+            out[f"{name}.weight_scale"] = ((n, k // NVFP4_GROUP), torch.float8_e4m3fn)
+            out[f"{name}.weight_scale_2"] = ((), torch.float32)
+            out[f"{name}.input_scale"] = ((), torch.float32)
+            continue
         if fmt == "ct":
             out[f"{name}.weight_packed"] = ((n, k // PACK), torch.int32)
             out[f"{name}.weight_scale"] = ((n, k // GROUP), torch.bfloat16)
@@ -255,8 +275,30 @@ def quantize_ct(w: torch.Tensor) -> dict[str, torch.Tensor]:
             "weight_shape": torch.tensor([n, k], dtype=torch.int32)}
 
 
+def quantize_nvfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """w [N, K] fp32 -> ModelOpt NVFP4 tensors (E2M1 codes, e4m3 scale per 16, fp32 global)."""
+    n, k = w.shape
+    grid = torch.tensor(E2M1)
+    g = w.reshape(n, k // NVFP4_GROUP, NVFP4_GROUP)
+    scale_2 = (w.abs().amax().clamp(min=1e-12) / (FP8_MAX * E2M1[-1])).float()
+    block = (g.abs().amax(dim=2) / E2M1[-1] / scale_2).clamp(max=FP8_MAX).to(torch.float8_e4m3fn)
+    eff = block.float() * scale_2  # [N, K/16]
+    x = g / torch.where(eff > 0, eff, torch.ones_like(eff))[:, :, None]
+    mag = torch.bucketize(x.abs(), (grid[1:] + grid[:-1]) / 2)  # code & 7: nearest on the grid
+    codes = (mag | ((x < 0) & (mag > 0)).to(mag.dtype) << 3).reshape(n, k).to(torch.uint8)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return {"weight": packed.contiguous(), "weight_scale": block.contiguous(),
+            "weight_scale_2": scale_2.reshape(()), "input_scale": torch.tensor(1.0)}
+
+
 def dequantize(t: dict[str, torch.Tensor], fmt: str) -> torch.Tensor:
     """The [N, K] weight the 4-bit tensors of one module stand for (fp32)."""
+    if fmt == "nvfp4":
+        p = t["weight"].to(torch.int64)
+        codes = torch.stack([p & 0xF, p >> 4], dim=-1).reshape(p.shape[0], -1)
+        val = torch.tensor(E2M1)[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+        s = t["weight_scale"].float().repeat_interleave(NVFP4_GROUP, dim=1) * t["weight_scale_2"]
+        return val * s
     if fmt == "ct":
         q = unpack_along_cols(t["weight_packed"]).float()  # [N, K]
         s = t["weight_scale"].float()  # [N, K / 128]
@@ -293,7 +335,7 @@ def full_precision(name: str, shape: tuple[int, ...], kind: str, seed: int) -> t
 
 
 def make_tensors(cfg: dict, fmt: str, seed: int = SEED) -> dict[str, torch.Tensor]:
-    quantize = {"awq": quantize_awq, "gptq": quantize_gptq, "ct": quantize_ct}[fmt]
+    quantize = {"awq": quantize_awq, "gptq": quantize_gptq, "ct": quantize_ct, "nvfp4": quantize_nvfp4}[fmt]
     out: dict[str, torch.Tensor] = {}
     for name, shape, kind in checkpoint_specs(cfg):
         t = full_precision(name, shape, kind, seed)
