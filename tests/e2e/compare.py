@@ -482,11 +482,14 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
     by_name = {}
 
     def calib_of(job: dict, side: str, kv: str = "auto", mqa: bool = False) -> dict | None:
-        """The bf16 comparison of `side` (kv, all-MQA variant or not) of the model: same TP, else TP=1."""
-        for tp in (job["tp"], 1):
-            c = by_name.get(engine_name(tp, job["model"], "bfloat16", side, kv, mqa))
-            if c is not None:
-                return c
+        """The bf16 comparison of `side` (kv, all-MQA variant or not) of the model: same TP, else
+        TP=1; failing those, of the same base model in another checkpoint format
+        (quant_probe.siblings: the attention and indexer the bounds are about are the same)."""
+        for model in (job["model"], *quant_probe.siblings(job["model"])):
+            for tp in (job["tp"], 1):
+                c = by_name.get(engine_name(tp, model, "bfloat16", side, kv, mqa))
+                if c is not None:
+                    return c
         return None
 
     # ref2 first: its spread calibrates the bounds of `ours`; then the fp8 `ref`s (plain and

@@ -44,6 +44,13 @@ INDEXER_MODULE = "vllm.model_executor.layers.sparse_attn_indexer"
 _CALLS: dict[str, int] = {}
 
 
+def siblings(model: str) -> list[str]:
+    """The same base model in the other checkpoint formats (the 4-bit ones, then the 16-bit
+    base): their attention and indexer are the same, only the MLP weights differ."""
+    base = FOURBIT[model][0] if model in FOURBIT else model
+    return [m for m in FOURBIT if FOURBIT[m][0] == base and m != model] + ([base] if base != model else [])
+
+
 def role(prefix: str) -> str:
     """What a module is: attention, indexer, mlp (dense / shared experts), experts, other."""
     if ".indexer." in prefix or prefix.endswith(".indexer"):

@@ -550,12 +550,18 @@ def ensure_checkpoint(model: str, root: Path, python: str = sys.executable) -> d
 
 
 def prepare_checkpoints(jobs: list[dict], root: Path) -> tuple[dict, list[str]]:
-    """ensure_checkpoint for every generated-checkpoint model among the jobs; a model whose
-    checkpoint cannot be made fails its engines (named in the returned errors), not the run."""
+    """ensure_checkpoint for every generated-checkpoint model among the jobs, all at once (one
+    generator process each); a model whose checkpoint cannot be made fails its engines (named
+    in the returned errors), not the run."""
+    from concurrent.futures import ThreadPoolExecutor
+
     done, errors = {}, []
-    for model in dict.fromkeys(j["model"] for j in jobs if is_generated(j["model"])):
+    models = list(dict.fromkeys(j["model"] for j in jobs if is_generated(j["model"])))
+    with ThreadPoolExecutor(max_workers=max(1, len(models))) as pool:  # one generator process each
+        futures = {m: pool.submit(ensure_checkpoint, m, root) for m in models}
+    for model, fut in futures.items():
         try:
-            done[model] = ensure_checkpoint(model, root)
+            done[model] = fut.result()
             print(f"checkpoint {model}: {done[model]['dir']} "
                   + ("reused" if done[model]["cached"] else f"generated in {done[model]['generate_s']} s"),
                   flush=True)
@@ -584,8 +590,8 @@ def estimate(jobs: list[dict], parallel: int, checkpoint_cached: bool = False) -
     waves = [jobs[i:i + parallel] for i in range(0, len(jobs), parallel)] if jobs else []
     per = [max((ESTIMATE["v4_start_s"] + ESTIMATE["v4_passes_s"]) if is_v4(j["model"])
                else (ESTIMATE["dsa_start_s"] + ESTIMATE["dsa_passes_s"]) for j in w) for w in waves]
-    ckpt = 0 if checkpoint_cached else ESTIMATE["checkpoint_s"] * len({j["model"] for j in jobs
-                                                                          if is_generated(j["model"])})
+    # generated in parallel (prepare_checkpoints): one generation's time
+    ckpt = 0 if checkpoint_cached or not any(is_generated(j["model"]) for j in jobs) else ESTIMATE["checkpoint_s"]
     total = ESTIMATE["install_s"] + ckpt + sum(per) + ESTIMATE["compare_s"]
     slowest = max(per, default=0)
     return {"engines": len(jobs), "waves": len(waves), "wave_s": per, "checkpoint_s": ckpt,

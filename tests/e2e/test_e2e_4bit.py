@@ -279,3 +279,40 @@ def test_run_e2e_makes_4bit_engines_from_generated_checkpoints(tmp_path):
     cmd = run_e2e.generator_command("glm5-tiny-gptq", tmp_path / "x", "py")
     assert cmd[-4:] == ["--base", "glm5-tiny", "--format", "gptq"]
     assert run_e2e.generator_command("deepseek-v4-tiny", tmp_path / "x", "py")[-1] == str(tmp_path / "x")
+
+
+def test_siblings_are_the_same_base_in_other_formats():
+    assert quant_probe.siblings("glm5-tiny-nvfp4") == ["glm5-tiny-awq", "glm5-tiny-gptq", "glm5-tiny-ct", "glm5-tiny"]
+    assert "deepseek-v32-tiny-awq" in quant_probe.siblings("deepseek-v32-tiny")
+    assert quant_probe.siblings("glm52-tiny") == []
+
+
+def test_a_4bit_model_without_ref2_takes_its_siblings_calibration(tmp_path):
+    """compare_all: glm5-tiny-nvfp4 has no ref2 in the run; its `ours` is bounded by 2 x the
+    ref2-vs-ref spread of glm5-tiny-awq (named in bounds_from), not by the fixed bounds."""
+    import numpy as np
+
+    import compare
+
+    jobs = []
+    for model, sides in (("glm5-tiny-awq", ("ref", "ref2")), ("glm5-tiny-nvfp4", ("ref", "ours"))):
+        for side in sides:
+            jobs.append({"name": compare.engine_name(1, model, "bfloat16", side), "model": model,
+                         "model_dir": str(tmp_path), "dtype": "bfloat16", "side": side, "tp": 1,
+                         "backend": None, "env": {}, "kv_cache_dtype": "auto"})
+    rng = np.random.default_rng(0)
+    lens = np.array([3000, 50], np.int32)
+    n = int((lens - 1).sum())
+    base = rng.normal(-5, 1, n).astype(np.float32)
+    for j in jobs:
+        d = tmp_path / j["name"]
+        d.mkdir()
+        noise = {"ref": 0.0, "ref2": 0.02, "ours": 0.01}[j["side"]]
+        np.savez(d / "arrays.npz", prompt_lp=base + noise, prompt_top1=np.zeros(n, np.int32),
+                 gen_ids=np.zeros((2, 4), np.int32), gen_top=np.zeros((2, 4, 2), np.int32),
+                 gen_lp=np.full((2, 4, 2), -1.0, np.float32), prompt_lens=lens)
+        (d / "meta.json").write_text(json.dumps({"ok": True, "model_probe": [], "worker_cudagraphs": []}))
+    bounds = json.loads((HERE / "bounds.json").read_text())
+    s = compare.compare_all(jobs, tmp_path, bounds)
+    ours = next(c for c in s["comparisons"] if c["name"].endswith("nvfp4-bfloat16-ours"))
+    assert "glm5-tiny-awq-bfloat16-ref2" in ours["bounds_from"]
