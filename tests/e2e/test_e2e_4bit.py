@@ -206,6 +206,55 @@ def test_indexcache_rule_matches_vllm_0_26_for_glm52_tiny():
     assert not any(quant_probe.expected_skip(i, {"index_topk_freq": 1}) for i in range(8))
 
 
+GLM52_LAYERS = r"""
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("v4check", sys.argv[2])
+v4 = importlib.util.module_from_spec(spec); spec.loader.exec_module(v4)
+v4._stand_ins()
+sys.path.insert(0, sys.argv[3])
+import quant_probe
+from vllm.config import set_current_vllm_config
+from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.torch_utils import set_default_torch_dtype
+from vllm.model_executor.model_loader.utils import initialize_model
+import torch
+cfg = EngineArgs(model=sys.argv[1], skip_tokenizer_init=True, max_model_len=8192, load_format="dummy",
+                 speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+                 compilation_config={"mode": 0}, kv_cache_memory_bytes=1 << 30).create_engine_config()
+with set_current_vllm_config(cfg), set_default_torch_dtype(torch.bfloat16):
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                 distributed_init_method=f"tcp://127.0.0.1:{sys.argv[4]}")
+    ensure_model_parallel_initialized(1, 1)
+    target = initialize_model(vllm_config=cfg)
+    draft = initialize_model(vllm_config=cfg, model_config=cfg.speculative_config.draft_model_config)
+print("RESULT", json.dumps({"target": quant_probe.describe_indexer_layers(target),
+                            "draft": quant_probe.describe_indexer_layers(draft)}))
+"""
+
+
+def test_vllm_builds_glm52_tiny_with_indexers_where_the_rule_says(vllm_tree):
+    """vLLM 0.26.0's DeepseekV2MLAAttention on the CPU (the V4 check's stand-ins, load_format
+    dummy): target layers 0, 1, 2, 6 build an indexer, 3, 4, 5 keep skip_topk; the MTP layer
+    (7) has its own indexer."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(vllm_tree), VLLM_USE_FLASHINFER_SAMPLER="0")
+    proc = subprocess.run([sys.executable, "-c", GLM52_LAYERS, str(HERE / "models" / "glm52-tiny"),
+                           str(HERE / "models" / "deepseek-v4-tiny" / "cpu_load_check.py"), str(HERE), str(port)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, proc.stderr[-3000:]
+    got = json.loads(line[len("RESULT "):])
+    assert [(r["layer"], r["indexer"], r["skip_topk"]) for r in got["target"]] == [
+        (0, True, False), (1, True, False), (2, True, False), (3, False, True), (4, False, True),
+        (5, False, True), (6, True, False)]
+    assert [(r["layer"], r["indexer"], r["skip_topk"]) for r in got["draft"]] == [(7, True, False)]
+
+
 def _probe(mlp, experts, attention=("UnquantizedLinearMethod",), indexer=("UnquantizedLinearMethod",)):
     return {"quant": {"mlp": list(mlp), "experts": list(experts), "attention": list(attention),
                       "indexer": list(indexer)}}
