@@ -449,6 +449,7 @@ def build_jobs(args) -> list[dict]:
                 "NVSHMEM_DISABLE_NVLS": "1", "PYTHONUNBUFFERED": "1"}
     if getattr(args, "prompt_lp_guard", True):
         base_env[prompt_lp_guard.GUARD_ENV] = "1"
+    base_env.update(kv.split("=", 1) for kv in getattr(args, "engine_env", None) or [])
     jobs = []
     for tp in args.tp:
         for model in args.models:
@@ -660,6 +661,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "fp8 engines are named tpN-model-dtype-fp8kv-side")
     ap.add_argument("--ours-env", action="append", default=None, metavar="NAME=VALUE",
                     help=f"environment of the `ours` engines (default {INDEXER_SWITCH}=triton)")
+    ap.add_argument("--engine-env", action="append", default=None, metavar="NAME=VALUE",
+                    help="environment of every engine, all sides (e.g. VLLM_DISABLED_KERNELS="
+                         "MacheteLinearKernel: 4-bit linear layers on Marlin on sm90, as on sm80-sm89 "
+                         "and sm120, README \"4-bit checkpoints\")")
     ap.add_argument("--ref-backend", default=REF_BACKEND,
                     help="attention backend of the kv-auto `ref`; 'auto' = vLLM's own selection "
                          "(the fp8 `ref` always uses vLLM's own selection)")

@@ -365,3 +365,13 @@ def test_a_4bit_model_without_ref2_takes_its_siblings_calibration(tmp_path):
     s = compare.compare_all(jobs, tmp_path, bounds)
     ours = next(c for c in s["comparisons"] if c["name"].endswith("nvfp4-bfloat16-ours"))
     assert "glm5-tiny-awq-bfloat16-ref2" in ours["bounds_from"]
+
+
+def test_engine_env_reaches_every_side():
+    args = run_e2e.parse_args(["--models", "glm5-tiny-awq", "--sides", "ref", "ref2", "ours",
+                               "--engine-env", "VLLM_DISABLED_KERNELS=MacheteLinearKernel"])
+    jobs = run_e2e.select_jobs(args)
+    assert {j["side"] for j in jobs} == {"ref", "ref2", "ours"}
+    assert all(j["env"]["VLLM_DISABLED_KERNELS"] == "MacheteLinearKernel" for j in jobs)
+    assert all("VLLM_DISABLED_KERNELS" not in j["env"] for j in run_e2e.select_jobs(
+        run_e2e.parse_args(["--models", "glm5-tiny-awq"])))
