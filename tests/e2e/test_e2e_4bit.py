@@ -375,3 +375,18 @@ def test_engine_env_reaches_every_side():
     assert all(j["env"]["VLLM_DISABLED_KERNELS"] == "MacheteLinearKernel" for j in jobs)
     assert all("VLLM_DISABLED_KERNELS" not in j["env"] for j in run_e2e.select_jobs(
         run_e2e.parse_args(["--models", "glm5-tiny-awq"])))
+
+
+def test_report_tables_name_kernels_and_indexer_layers_and_survive_failed_engines():
+    good = {"model": "glm5-tiny-awq", "model_probe": [_probe(["AutoAWQMarlinLinearMethod/MarlinLinearKernel"],
+                                                             ["AutoAWQMoEMethod/MARLIN"])]}
+    failed = {"model": "glm5-tiny-gptq", "model_probe": None, "indexer_calls": None}
+    glm52 = {"model": "glm52-tiny", "model_probe": [{"indexer_layers": [
+        {"layer": 2, "indexer": True, "skip_topk": False}, {"layer": 3, "indexer": False, "skip_topk": True}]}],
+        "indexer_calls": [{"model.layers.2.self_attn.indexer.k_cache": 9}]}
+    lines = quant_probe.report_lines({"engines": {"a": good, "b": failed, "c": glm52, "d": {"model": "glm5-tiny"}}})
+    text = "\n".join(lines)
+    assert "| a | AutoAWQMarlinLinearMethod/MarlinLinearKernel | AutoAWQMoEMethod/MARLIN |" in text
+    assert "| b | - | - | - | - |" in text
+    assert "| c | 2 | 3 | 2: 9 |" in text
+    assert "| d |" not in text
