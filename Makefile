@@ -14,9 +14,9 @@ PYTEST   := $(BIN)/python -m pytest
 help:
 	@echo "make patch        fetch the pinned vLLM and apply patches/series (tree: work/vllm)"
 	@echo "make test         CPU test suite, complete (runs make patch first)"
-	@echo "make test-fast    the toolkit's tests alone, under a minute: no vLLM tree, kernels or compile matrix"
+	@echo "make test-fast    the toolkit's tests alone, ~45 s of CPU: no vLLM tree, kernels or compile matrix"
 	@echo "make docs         rewrite the docs' transcripts and generated tables from real output"
-	@echo "make test-gpu     GPU tests (needs CUDA)"
+	@echo "make test-gpu     GPU tests on your CUDA machine: the wheel (WHEEL=path or dist/) in .venv-gpu, pytest -m gpu"
 	@echo "make status       where the work tree stands"
 	@echo "make export       regenerate patches/ from the work tree's commits"
 	@echo "make rebase ONTO=<commit|version>  carry the series onto a newer vLLM (ARGS=--continue / ARGS=--abort)"
@@ -24,12 +24,17 @@ help:
 	@echo "make build-wheel  patched vLLM wheel in dist/ (WHEEL_ARGS=\"--from-source\" etc., see docs/build-wheel.md)"
 	@echo "make test-wheel   opt-in check of build-wheel on the real official wheel (500 MB)"
 	@echo "make bench        sparse-MLA kernel benchmark vs seed/torch/floors (GPU; BENCH_ARGS=--quick, BENCH_PY=python3)"
-	@echo "make bench-e2e    serving speed upstream vs ours through vllm.LLM (lent H200; bench/serving/README.md)"
+	@echo "make test-e2e     ours vs upstream through vllm.LLM on your CUDA machine (E2E_ARGS; tests/e2e/README.md)"
+	@echo "make bench-e2e    serving speed upstream vs ours through vllm.LLM on your CUDA machine (BENCH_E2E_ARGS)"
+	@echo "make test-e2e-pieces / bench-e2e-pieces   the same from staged 50 MiB pieces (a GPU without network)"
 	@echo "make bench-e2e-plan / bench-e2e-keep BENCH_FROM=DIR / bench-e2e-report / bench-e2e-share   (CPU)"
 	@echo "make explain MODEL=glm-5 CAP=12.0 [DTYPE=float16] [TREE=pristine|PATH]  why vLLM picks that attention backend"
 	@echo "make clean        remove the work tree (refused while it holds unexported work; ARGS=--discard), dist/ and the virtualenv"
 
+# tools/venv_check.py first: a PY the toolkit refuses stops here (not after a minute of installs),
+# and a .venv made from a refused or another Python is removed to be made again from PY.
 $(STAMP): $(REQS) pyproject.toml
+	@$(PY) tools/venv_check.py "$(PY)" $(VENV) $(MAKECMDGOALS)
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(addprefix -r ,$(REQS))
@@ -65,9 +70,16 @@ test-fast: $(STAMP)
 docs: patch
 	$(PYTEST) tests/test_docs.py tests/test_selection.py -k "docs or readme" --update-docs $(PYTEST_ARGS)
 
-# tests/gpu only: the CPU kernel tests set TRITON_INTERPRET=1 for their whole process.
-test-gpu: patch
-	$(PYTEST) -m gpu tests/gpu $(PYTEST_ARGS)
+# ---- On your own CUDA machine, with network (tools/gpu-local.sh): the wheel (WHEEL=path, else the
+# newest in dist/, else make build-wheel) pip-installed into GPU_VENV (made from GPU_PY), then:
+# test-gpu: tests/gpu against the installed wheel; test-e2e and bench-e2e: below. Results: GPU_OUT.
+WHEEL    ?=
+GPU_VENV ?= .venv-gpu
+GPU_PY   ?= python3
+GPU_OUT  ?=
+GPU_ENV   = WHEEL="$(WHEEL)" GPU_VENV="$(GPU_VENV)" GPU_PY="$(GPU_PY)" GPU_OUT="$(GPU_OUT)" MAKE="$(MAKE)"
+test-gpu:
+	$(GPU_ENV) bash tools/gpu-local.sh test-gpu $(PYTEST_ARGS)
 
 # WHEEL_ARGS, not ARGS: the `patch` prerequisite already passes $(ARGS) to `smla patch`.
 build-wheel: patch
@@ -94,19 +106,24 @@ explain: patch
 
 # The work tree goes through `smla clean`, which refuses while the tree holds work not in
 # patches/ (make clean ARGS=--discard throws it away); only then dist/ and the venv.
+# work/vllm only (not $SMLA_TREE), through smla's guard; work/ goes only when nothing else is left in it.
 clean:
-	@if [ -e work/vllm ]; then $(MAKE) --no-print-directory venv && $(SMLA) clean $(ARGS); fi
-	rm -rf work dist $(VENV)
+	@if [ -e work/vllm ]; then $(MAKE) --no-print-directory venv && $(SMLA) clean --tree work/vllm $(ARGS); fi
+	rm -rf dist $(VENV)
+	@if [ -d work ] && ! rmdir work 2>/dev/null; then echo "kept work/: it holds what make patch did not make: $$(ls -A work | head -5 | tr '\n' ' ')"; fi
 
 # ---- End to end through vllm.LLM on a GPU (tests/e2e/README.md) ----
+# test-e2e: on your CUDA machine, the wheel installed as for test-gpu, then ours vs the reference
+# (E2E_ARGS: run_e2e.py's options; results in GPU_OUT, default .gpu-out/test-e2e).
+# The piece route, for a GPU machine without network (the lent H200):
 # e2e-bundle: the wheel reduced to what the run needs + its pure-Python deps, in
 # pieces < 64 MiB with a sha256 manifest (under E2E_DIR, ignored by git).
-# test-e2e: on a CUDA machine holding the pieces (or after the staging calls on
+# test-e2e-pieces: on a CUDA machine holding the pieces (or after the staging calls on
 # the lent GPU): check, install, run ours vs the reference (E2E_ARGS: run_e2e.py).
 E2E_WHEEL ?= $(firstword $(wildcard dist/vllm-*.whl))
 E2E_DIR   ?= .e2e
 E2E_ARGS  ?=
-.PHONY: e2e-bundle e2e-bundle-v4-upstream test-e2e
+.PHONY: e2e-bundle e2e-bundle-v4-upstream test-e2e test-e2e-pieces
 e2e-bundle: $(STAMP)
 	@test -n "$(E2E_WHEEL)" || { echo "error: no wheel in dist/: make build-wheel, or E2E_WHEEL=/path/to/vllm-*.whl" >&2; exit 2; }
 	$(BIN)/python tests/e2e/bundle.py --wheel "$(E2E_WHEEL)" --out "$(E2E_DIR)"
@@ -117,20 +134,28 @@ e2e-bundle-v4-upstream: $(STAMP)
 	$(BIN)/python tests/e2e/bundle.py --extra --out .e2e-extra
 
 test-e2e:
+	$(GPU_ENV) bash tools/gpu-local.sh test-e2e $(E2E_ARGS)
+
+test-e2e-pieces:
 	bash tests/e2e/device-run.sh run $(E2E_ARGS)
 
-# ---- Serving speed through vllm.LLM on the lent H200 (bench/serving/README.md) ----
-# bench-e2e: on a CUDA machine holding the e2e bundle (or after the staging calls on the
-# lent GPU): upstream's kernels vs ours through vLLM's own benchmark code, one engine at a
-# time, resumable (exit 10: call again). BENCH_E2E_ARGS: bench/serving/bench_serving.py.
+# ---- Serving speed through vllm.LLM (bench/serving/README.md) ----
+# bench-e2e: on your CUDA machine, the wheel installed as for test-gpu, then upstream's kernels
+# vs ours through vLLM's own benchmark code, one engine at a time, the whole plan in one call
+# (resumable: its manifest stays in GPU_OUT, default .gpu-out/bench-e2e).
+# bench-e2e-pieces: on a CUDA machine holding the e2e bundle (or after the staging calls on the
+# lent GPU), within a call's time limit (exit 10: call again). BENCH_E2E_ARGS: bench_serving.py.
 # The rest runs here (CPU): the plan and time estimate, results.json + table + plot from a
 # run's manifest (BENCH_STATE), and the GLM-5 TP 8 share calculator.
 BENCH_E2E_ARGS ?=
 BENCH_STATE    ?= .e2e/serving-state/state.json
 BENCH_FROM     ?=
 BENCH_COMMAND  ?=
-.PHONY: bench-e2e bench-e2e-plan bench-e2e-keep bench-e2e-report bench-e2e-share
+.PHONY: bench-e2e bench-e2e-pieces bench-e2e-plan bench-e2e-keep bench-e2e-report bench-e2e-share
 bench-e2e:
+	$(GPU_ENV) bash tools/gpu-local.sh bench-e2e $(BENCH_E2E_ARGS)
+
+bench-e2e-pieces:
 	bash bench/serving/device-run.sh run $(BENCH_E2E_ARGS)
 
 bench-e2e-plan: $(STAMP)

@@ -18,22 +18,27 @@ as FLASHMLA_SPARSE calls it on sm90: sparse_prefill_fwd for bf16 caches (the
 cache as [slots, 1, 576]), sparse_decode_fwd for fp8_ds_mla ([blocks, 64, 1,
 656], scheduler metadata made once per shape outside the timed region), heads
 padded to 64 (128 above 64).  The padding copy is left out of FlashMLA's time
-(in its favour).  Also timed: the flat [slots, 576] view of the same cache
-(bf16; the call the earlier benchmark made, an extra column, not the engine),
-and the kernel file given by SMLA_TREE_BEFORE ("before").
+(in its favour).
+fp8_ds_mla rows come twice per cell, `path` "hw" (the hardware e4m3
+conversion, sm89+) and "software" (the decode sm80/86 run, forced here with
+fp8_hw=False); each also times the fp8 kernel the launch table did not pick
+(`fp8_kernel` is the pick; `codes_us` / `dequant_us` both kernels, one of them
+the engine call's time): the table's choices measured both ways.
+--extra: also the kernel file given by SMLA_TREE_BEFORE ("before"), the flat
+[slots, 576] view (bf16) and a block stride twice the block ("stride2x").
 Timing: triton.testing.do_bench medians (L2 flushed) for eager cells; tokens
-<= 64 as CUDA-graph replays (as vLLM's decode runs).  Host time: 2000 eager
-calls of the installed-wheel form back to back, wall time / calls, GPU work
-tiny (1 token), with out and scratch passed (the engine's form).
+<= 64 as CUDA-graph replays (as vLLM's decode runs).  Host time per call:
+bench/bench_host.py (host.json).
 Copy bandwidth measured in the same run: 1 GiB device-to-device copy.
 Bytes per cell: each gathered row once per token (1152 B bf16, 656 B fp8) +
-q + out.  Output: attention.json {"copy_tbps", "rows": [...]}.
+q + out.  Output: attention.json {"copy_tbps", "command", "rows": [...]}.
 
-  python bench/bench_attention.py OUT_DIR [--quick]
+  python bench/bench_attention.py OUT_DIR [--quick] [--prewarm N] [--extra]
 env: SMLA_TREE (kernel file), SMLA_TREE_BEFORE (optional), SMLA_FLASHMLA_SO
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -47,7 +52,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from fp8_ds_mla_reference import row_bytes  # noqa: E402
-from timing import copy_tbps, host_us, kernel_modules, parse_args  # noqa: E402
+from timing import copy_tbps, kernel_modules, parse_args  # noqa: E402
 from timing import median_us as bench  # noqa: E402
 from sparse_mla_reference import reference_sparse_mla  # noqa: E402
 
@@ -59,9 +64,6 @@ HEADS = [8, 16, 32, 64, 128]  # 32: DeepSeek-V3.2 at TP 4, the serving run's slo
 TOKENS = [1, 64, 1024, 4096]
 GRAPH_MAX_TOKENS = 64
 FP8_ROW = row_bytes(R, P)
-SWEEP = [(32, 4, 2, False), (32, 4, 2, True), (32, 4, 3, True), (64, 4, 2, True),
-         (64, 8, 2, True), (32, 8, 2, True), (16, 4, 2, True), (16, 4, 3, True)]
-
 
 def engine_query(T: int, H: int, gen):
     """(ql_nope, q_pe) as MLAAttention.forward hands them to forward_mqa."""
@@ -84,19 +86,40 @@ def fp8_cache(gen, blocks: torch.Tensor | None = None):
 
 
 class Ours:
-    def __init__(self, mod, kv, T, H, cache):
+    """The engine's call.  force: a launch config override (the fp8 kernel the
+    launch table did not pick); scratch sized for it."""
+
+    def __init__(self, mod, kv, T, H, cache, path=None, force=None):
         self.mod, self.kv, self.cache = mod, kv, cache
         dt = "fp8_ds_mla" if cache == "fp8_ds_mla" else "auto"
+        hw = None if path is None else path == "hw"
         n = mod.sparse_mla_scratch_numel(T, H, TOPK, torch.bfloat16, torch.device("cuda"), R,
-                                         kv_cache_dtype=dt)
+                                         config=force, kv_cache_dtype=dt, fp8_hw=hw)
         self.out = torch.empty((T, H, R), dtype=torch.bfloat16, device="cuda")
         self.scratch = torch.empty(max(1, n), dtype=torch.float32, device="cuda")
         self.kw = dict(kv_cache_dtype=dt, rope_dtype=torch.bfloat16 if dt != "auto" else None)
+        if hw is not None:
+            self.kw["fp8_hw"] = hw
+        if force:
+            self.kw["config"] = force
 
     def __call__(self, ql, qpe, slots, kv=None):
         return self.mod.sparse_mla_fwd(ql, self.kv if kv is None else kv, slots, SCALE,
                                        kv_lora_rank=R, out=self.out, q_pe=qpe,
                                        scratch=self.scratch, **self.kw)
+
+
+def other_fp8(mod, kv, T, H, path):
+    """(name, Ours) of the fp8 kernel the launch table did not pick for this
+    cell, in the same tile (the codes kernel stages two code tiles: with
+    64-head tiles only 32 rows fit in shared memory)."""
+    cfg = mod.sparse_mla_config(H, T, TOPK, torch.bfloat16, torch.device("cuda"),
+                                "fp8_ds_mla", fp8_hw=path == "hw")
+    force = dict(FP8_DEQUANT=not cfg["FP8_DEQUANT"])
+    if cfg["FP8_DEQUANT"] and cfg["BLOCK_H"] >= 64:
+        force["BLOCK_N"] = 32
+    name = "dequant" if force["FP8_DEQUANT"] else "codes"
+    return name, Ours(mod, kv, T, H, "fp8_ds_mla", path, force)
 
 
 class FlashMLA:
@@ -147,10 +170,104 @@ def check(out, ql, qpe, kv_rows, slots, cache, n=4) -> float:
     return rel_err(out[:n], ref)
 
 
+VARIANTS = (("bfloat16", None), ("fp8_ds_mla", "hw"), ("fp8_ds_mla", "software"))
+# --sweep: other tiles for 32 heads (the fp8 cache's slowest head count; the
+# bf16 cache's 1.18x FlashMLA there), both fp8 kernels
+SWEEP_HEADS, SWEEP_TOKENS = 32, (64, 1024, 4096)
+SWEEP_FP8 = [dict(FP8_DEQUANT=d, BLOCK_H=h, BLOCK_N=n, num_warps=w, num_stages=2)
+             for d, h, n, w in ((True, 64, 64, 8), (True, 32, 64, 8), (True, 32, 32, 4),
+                                (False, 32, 32, 8), (False, 16, 32, 4), (False, 16, 64, 8))]
+SWEEP_BF16 = [dict(BLOCK_H=h, BLOCK_N=n, num_warps=w, num_stages=st)
+              for h, n, w, st in ((32, 64, 8, 2), (64, 64, 8, 2), (16, 32, 4, 2), (32, 32, 4, 3))]
+
+
+def sweep_cells():
+    """(tokens, cache, path, config) of --sweep."""
+    return [(T, cache, path, cfg) for T in SWEEP_TOKENS for cache, path in VARIANTS
+            for cfg in (SWEEP_BF16 if path is None else SWEEP_FP8)]
+
+
+def prewarm_worker(mod, which: str, heads, tokens, sweep: bool) -> None:
+    """Compile every launch of the grid once on a small cache (Triton's disk
+    cache then serves the timed process): cells i::n of the grid."""
+    i, n = map(int, which.split("/"))
+    gen = torch.Generator(device="cuda").manual_seed(i)
+    nb = 64
+    small = {"bfloat16": torch.randn((nb, BS, R + P), generator=gen, device="cuda"
+                                     ).to(torch.bfloat16)}
+    cells = [(H, T, v) for H in heads for T in tokens for v in VARIANTS][i::n]
+    for H, T, (cache, path) in cells:
+        kv = small.get(cache)
+        if kv is None:
+            kv = small[cache] = fp8_small(gen, nb)
+        ql, qpe = engine_query(T, H, gen)
+        slots = torch.randint(0, nb * BS, (T, TOPK), generator=gen, device="cuda",
+                              dtype=torch.int32)
+        Ours(mod, kv, T, H, cache, path)(ql, qpe, slots)
+        if path is not None:
+            other_fp8(mod, kv, T, H, path)[1](ql, qpe, slots)
+    if sweep:
+        for T, cache, path, cfg in sweep_cells()[i::n]:
+            kv = small.get(cache)
+            if kv is None:
+                kv = small[cache] = fp8_small(gen, nb)
+            ql, qpe = engine_query(T, SWEEP_HEADS, gen)
+            slots = torch.randint(0, nb * BS, (T, TOPK), generator=gen, device="cuda",
+                                  dtype=torch.int32)
+            try:
+                Ours(mod, kv, T, SWEEP_HEADS, cache, path, dict(cfg))(ql, qpe, slots)
+            except Exception as e:  # noqa: BLE001 (a config that does not fit)
+                print("prewarm sweep", T, cache, path, cfg, repr(e)[:100], flush=True)
+    torch.cuda.synchronize()
+
+
+def fp8_small(gen, nb):
+    global NUM_BLOCKS
+    saved, NUM_BLOCKS = NUM_BLOCKS, nb
+    try:
+        return fp8_cache(gen)
+    finally:
+        NUM_BLOCKS = saved
+
+
+def prewarm(n: int, argv: list[str]) -> None:
+    import subprocess
+    import time
+
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, __file__, *argv, "--worker", f"{i}/{n}"])
+             for i in range(n)]
+    rcs = [p.wait() for p in procs]
+    print(f"prewarm: {n} workers, rc {rcs}, {time.time() - t0:.1f} s", flush=True)
+
+
+def extra_args(ap) -> None:
+    ap.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
+    ap.add_argument("--prewarm-only", action="store_true")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--extra", action="store_true",
+                    help="also time before / flat view / 2x block stride")
+
+
 def main() -> None:
-    args = parse_args(__doc__)
+    args = parse_args(__doc__, extra_args)
     out_dir = args.out_dir
     mod, before = kernel_modules("vllm/v1/attention/ops/triton_sparse_mla.py", "smla_attn")
+    heads, tokens = ([8, 32, 64], [1, 1024]) if args.quick else (HEADS, TOKENS)
+    if args.worker:
+        prewarm_worker(mod, args.worker, heads, tokens, args.sweep)
+        return
+    if args.prewarm:
+        argv, skip = [], False
+        for a in sys.argv[1:]:
+            if skip or a == "--prewarm":
+                skip = not skip
+                continue
+            if a != "--prewarm-only":
+                argv.append(a)
+        prewarm(args.prewarm, argv)
+        if args.prewarm_only:
+            return
     have_fm = False
     if os.environ.get("SMLA_FLASHMLA_SO"):
         torch.ops.load_library(os.environ["SMLA_FLASHMLA_SO"])
@@ -163,91 +280,87 @@ def main() -> None:
                                 ).to(torch.bfloat16),
         "fp8_ds_mla": fp8_cache(gen),
     }
-    heads, tokens = ([8, 64], [1, 1024]) if args.quick else (HEADS, TOKENS)
     rows = []
-    for cache, kv in caches.items():
-        row_b = FP8_ROW if cache == "fp8_ds_mla" else 2 * (R + P)
-        for H in heads:
-            for T in tokens:
-                graph = T <= GRAPH_MAX_TOKENS
-                ql, qpe = engine_query(T, H, gen)
-                slots = torch.randint(0, NUM_BLOCKS * BS, (T, TOPK), generator=gen,
-                                      device="cuda", dtype=torch.int32)
-                ours = Ours(mod, kv, T, H, cache)
+    for H in heads:
+        for T in tokens:
+            graph = T <= GRAPH_MAX_TOKENS
+            ql, qpe = engine_query(T, H, gen)
+            slots = torch.randint(0, NUM_BLOCKS * BS, (T, TOPK), generator=gen,
+                                  device="cuda", dtype=torch.int32)
+            fm_us = {}
+            for cache, path in VARIANTS:
+                kv = caches[cache]
+                row_b = FP8_ROW if cache == "fp8_ds_mla" else 2 * (R + P)
+                ours = Ours(mod, kv, T, H, cache, path)
                 r = dict(heads=H, tokens=T, topk=TOPK, cache=cache, call="engine", graph=graph)
+                if path is not None:
+                    r["path"] = path
                 r["ours_us"] = bench(lambda: ours(ql, qpe, slots), graph)
                 r["rel_err_vs_f64"] = check(ours(ql, qpe, slots), ql, qpe,
                                             kv.view(-1, kv.shape[-1]), slots, cache)
-                if before is not None:
-                    old = Ours(before, kv, T, H, cache)
-                    r["before_us"] = bench(lambda: old(ql, qpe, slots), graph)
+                if path is not None:
+                    # the launch table's pick and the other fp8 kernel, same inputs
+                    other, alt = other_fp8(mod, kv, T, H, path)
+                    picked = "codes" if other == "dequant" else "dequant"
+                    r["fp8_kernel"] = picked
+                    r[f"{picked}_us"] = r["ours_us"]
+                    r[f"{other}_us"] = bench(lambda: alt(ql, qpe, slots), graph)
+                    r[f"{other}_rel_err_vs_f64"] = check(
+                        alt(ql, qpe, slots), ql, qpe, kv.view(-1, kv.shape[-1]), slots, cache)
+                    del alt
                 if have_fm:
-                    fm = FlashMLA(kv, T, H, cache, ql, qpe, slots)
-                    r["flashmla_us"] = bench(fm, graph)
+                    if cache not in fm_us:
+                        fm = FlashMLA(kv, T, H, cache, ql, qpe, slots)
+                        fm_us[cache] = bench(fm, graph)
+                        del fm
+                    r["flashmla_us"] = fm_us[cache]
                     r["ours_vs_flashmla"] = r["ours_us"] / r["flashmla_us"]
-                # a block stride twice the block (cross-layer layouts)
-                wide = torch.empty((NUM_BLOCKS, 2, BS, kv.shape[-1]), dtype=kv.dtype,
-                                   device="cuda")
-                wide[:, 0] = kv
-                r["stride2x_us"] = bench(lambda: ours(ql, qpe, slots, wide[:, 0]), graph)
-                del wide
-                if cache == "bfloat16":
-                    flat = kv.view(-1, R + P)
-                    r["flat_us"] = bench(lambda: ours(ql, qpe, slots, flat), graph)
+                if args.extra:
+                    if before is not None:
+                        old = Ours(before, kv, T, H, cache, path)
+                        r["before_us"] = bench(lambda: old(ql, qpe, slots), graph)
+                    wide = torch.empty((NUM_BLOCKS, 2, BS, kv.shape[-1]), dtype=kv.dtype,
+                                       device="cuda")
+                    wide[:, 0] = kv
+                    r["stride2x_us"] = bench(lambda: ours(ql, qpe, slots, wide[:, 0]), graph)
+                    del wide
+                    if cache == "bfloat16":
+                        flat = kv.view(-1, R + P)
+                        r["flat_us"] = bench(lambda: ours(ql, qpe, slots, flat), graph)
                 nbytes = T * TOPK * row_b + T * H * (R + P) * 2 + T * H * R * 2
                 r["pct_copy_bw"] = 100 * nbytes / (r["ours_us"] * 1e-6) / (bw * 1e12)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
                 del ours
-                torch.cuda.empty_cache()
+            torch.cuda.empty_cache()
     if args.sweep:
-        for cache, H, T in (("fp8_ds_mla", 8, 4096), ("fp8_ds_mla", 16, 1024),
-                            ("fp8_ds_mla", 32, 64), ("fp8_ds_mla", 32, 4096),
-                            ("fp8_ds_mla", 64, 1024), ("fp8_ds_mla", 128, 1024)):
-            kv = caches[cache]
+        H = SWEEP_HEADS
+        for T in SWEEP_TOKENS:
+            graph = T <= GRAPH_MAX_TOKENS
             ql, qpe = engine_query(T, H, gen)
-            slots = torch.randint(0, NUM_BLOCKS * BS, (T, TOPK), generator=gen, device="cuda",
-                                  dtype=torch.int32)
-            ours = Ours(mod, kv, T, H, cache)
-            for bn, w, st, deq in SWEEP:
-                cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st, FP8_DEQUANT=deq)
-                if T >= 1024 and H >= 64 and not deq:
+            slots = torch.randint(0, NUM_BLOCKS * BS, (T, TOPK), generator=gen,
+                                  device="cuda", dtype=torch.int32)
+            for T_, cache, path, cfg in sweep_cells():
+                if T_ != T:
                     continue
+                kv = caches[cache]
+                r = dict(call="sweep", heads=H, tokens=T, cache=cache, path=path, graph=graph,
+                         **cfg)
                 try:
-                    us = bench(lambda: mod.sparse_mla_fwd(
-                        ql, kv, slots, SCALE, kv_lora_rank=R, q_pe=qpe, config=cfg,
-                        **ours.kw), False)
-                except Exception as e:
-                    us = repr(e)[:80]
-                r = dict(call="sweep", cache=cache, heads=H, tokens=T, **cfg, ours_us=us)
+                    ours = Ours(mod, kv, T, H, cache, path, dict(cfg))
+                    r["ours_us"] = bench(lambda: ours(ql, qpe, slots), graph)
+                    r["rel_err_vs_f64"] = check(ours(ql, qpe, slots), ql, qpe,
+                                                kv.view(-1, kv.shape[-1]), slots, cache)
+                    del ours
+                except Exception as e:  # noqa: BLE001 (a config that does not fit)
+                    r["error"] = repr(e)[:120]
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-    # host time of one eager call, engine form, 1 token
-    for cache, kv in caches.items():
-        for H in (8, 64):
-            ql, qpe = engine_query(1, H, gen)
-            slots = torch.randint(0, NUM_BLOCKS * BS, (1, TOPK), generator=gen, device="cuda",
-                                  dtype=torch.int32)
-            ours = Ours(mod, kv, 1, H, cache)
-            r = dict(heads=H, tokens=1, topk=TOPK, cache=cache, call="host",
-                     host_us=host_us(lambda: ours(ql, qpe, slots)))
-            if before is not None:
-                old = Ours(before, kv, 1, H, cache)
-                r["before_host_us"] = host_us(lambda: old(ql, qpe, slots))
-            rows.append(r)
-            print(json.dumps(r), flush=True)
-            if H == 8:  # where the host time goes (cProfile, cumulative)
-                import cProfile
-                import io
-                import pstats
-
-                prof = cProfile.Profile()
-                prof.runcall(host_us, lambda: ours(ql, qpe, slots), 500)
-                buf = io.StringIO()
-                pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
-                (out_dir / f"host-profile-{cache}.txt").write_text(buf.getvalue())
+            torch.cuda.empty_cache()
     res = dict(copy_tbps=bw, device=torch.cuda.get_device_name(0),
-               torch=torch.__version__, triton=triton.__version__, rows=rows)
+               torch=torch.__version__, triton=triton.__version__,
+               command="python bench/bench_attention.py " + " ".join(
+                   a for a in sys.argv[1:] if a != str(out_dir)), rows=rows)
     (out_dir / "attention.json").write_text(json.dumps(res, indent=1) + "\n")
 
 

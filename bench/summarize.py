@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Print the attention, DeepSeek-V4 decode and indexer benchmark results (attention.json,
-dsv4.json, indexer.json in DIR) as short tables.  usage: python bench/summarize.py DIR"""
+"""Print the attention, host-time, DeepSeek-V4 decode and indexer benchmark results
+(attention.json, host.json, dsv4.json, indexer.json in DIR) as short tables.
+usage: python bench/summarize.py DIR
+       python bench/summarize.py --readme DIR   (the README's Speed tables, Markdown)"""
 from __future__ import annotations
 
 import json
@@ -28,10 +30,17 @@ def main(d: Path) -> None:
         res = json.loads(a.read_text())
         print(f"attention (copy {res['copy_tbps']:.2f} TB/s)")
         table([r for r in res["rows"] if r["call"] == "engine"],
-              ["cache", "heads", "tokens", "graph", "ours_us", "flashmla_us", "ours_vs_flashmla",
-               "before_us", "flat_us", "stride2x_us", "pct_copy_bw", "rel_err_vs_f64"])
-        table([r for r in res["rows"] if r["call"] == "host"],
-              ["cache", "heads", "host_us", "before_host_us"])
+              ["cache", "path", "heads", "tokens", "graph", "ours_us", "flashmla_us",
+               "ours_vs_flashmla", "fp8_kernel", "codes_us", "dequant_us", "pct_copy_bw",
+               "rel_err_vs_f64"])
+        table([r for r in res["rows"] if r["call"] == "sweep"],
+              ["cache", "path", "tokens", "FP8_DEQUANT", "BLOCK_H", "BLOCK_N", "num_warps",
+               "num_stages", "ours_us", "rel_err_vs_f64", "error"])
+    h = d / "host.json"
+    if h.is_file():
+        res = json.loads(h.read_text())
+        print("host time of one eager call")
+        table(res["rows"], ["call", "cache", "path", "heads", "host_us"])
     v = d / "dsv4.json"
     if v.is_file():
         res = json.loads(v.read_text())
@@ -52,5 +61,41 @@ def main(d: Path) -> None:
                "host_us"])
 
 
+# the README's Speed section: these cells of attention.json, then host.json
+README_CELLS = [(8, 1), (8, 64), (8, 4096), (16, 1024), (32, 64), (32, 1024), (32, 4096),
+                (64, 1024), (128, 1024)]
+
+
+def us(v) -> str:
+    return "-" if v is None else (f"{v:.1f}" if v < 100 else f"{v:,.0f}")
+
+
+def readme(d: Path) -> None:
+    """The README's attention and host-time tables, from DIR's json."""
+    rows = json.loads((d / "attention.json").read_text())["rows"]
+    cell = {(r["heads"], r["tokens"], r["cache"], r.get("path")): r
+            for r in rows if r["call"] == "engine"}
+    print("| heads x tokens | bf16: ours | FlashMLA | fp8, hw e4m3: ours | fp8, software e4m3: ours "
+          "| FlashMLA fp8 |")
+    print("|---|---|---|---|---|---|")
+    for H, T in README_CELLS:
+        b, hw, sw = (cell.get((H, T, "bfloat16", None)), cell.get((H, T, "fp8_ds_mla", "hw")),
+                     cell.get((H, T, "fp8_ds_mla", "software")))
+        print(f"| {H} x {T} | {us(b['ours_us'])} | {us(b.get('flashmla_us'))} | "
+              f"{us(hw['ours_us'])} | {us(sw['ours_us'])} | {us(hw.get('flashmla_us'))} |")
+    host = json.loads((d / "host.json").read_text())["rows"]
+    print()
+    print("| call (1 token, eager) | host µs |")
+    print("|---|---|")
+    for r in host:
+        what = r["call"] + "".join(f", {r[k]}" for k in ("cache", "path") if r.get(k))
+        if r.get("heads") and r["call"].startswith("attention"):
+            what += f", {r['heads']} heads"
+        print(f"| {what} | {r['host_us']:.0f} |")
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if sys.argv[1] == "--readme":
+        readme(Path(sys.argv[2]))
+    else:
+        main(Path(sys.argv[1]))

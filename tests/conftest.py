@@ -7,8 +7,8 @@ marked `slow`. A test is marked here, by what it uses, so no test file has to sa
          fixture: selection, explain, the kernels under Triton's interpreter, the backend smoke
          tests), the pinned sdist (SLOW_MODULES: integration; tests/test_docs.py's session
          transcripts carry the mark themselves), Triton's compiler (the compile matrix and the V4
-         attention and ops' compile checks) or long CPU work (tests/test_v4_tiny_checkpoint.py's full checkpoint,
-         marked there)
+         attention and ops' compile checks) or long CPU work (marked where they are: the V4 tiny
+         checkpoint's tensors, the e2e runner spawning engines, the serving report's plot)
 What `make test-fast` keeps runs on temporary git repositories and one local package index.
 
 Fixtures:

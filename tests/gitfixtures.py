@@ -257,3 +257,19 @@ def series_project(tmp: Path, *, kernel_subject: str = SERIES_SUBJECTS[0]) -> tu
     tree = tmp / "work" / "vllm"
     source.fetch(pin, tree, "git", **quiet)
     return root, tree, pin
+
+
+# --- stand-in programs --------------------------------------------------------------------------
+
+
+def python_script(path: Path, code: str) -> Path:
+    """An executable `path` that runs `code` with this Python: a /bin/sh wrapper (quoted) and
+    `path`.py, since a `#!` line cannot hold an interpreter path with spaces in it."""
+    import shlex
+    import sys
+
+    body = path.with_name(path.name + ".py")
+    body.write_text(code)
+    path.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(body))} "$@"\n')
+    path.chmod(0o755)
+    return path

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ def world(rebase_world, tmp_path):
     proc.git(w["up"], "branch", "-f", "main", w["c1"])  # the tip of upstream main: a clean target
     smla = tmp_path / "bin" / "smla"
     smla.parent.mkdir()
-    smla.write_text(f"#!/bin/sh\nexec {sys.executable} -m smla.cli \"$@\"\n")
+    smla.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m smla.cli \"$@\"\n")
     smla.chmod(0o755)
     w["smla"] = smla
     return w

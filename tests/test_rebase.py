@@ -124,7 +124,14 @@ def test_conflict_then_abort_restores_bytes(world):
     (world["root"] / "vllm-pin.txt").write_text("broken")
     res = smla(world, "--abort")
     assert res.exit_code == 0, res.output
-    assert snapshot(world["root"]) == before
+    after = snapshot(world["root"])
+    assert {k: after[k] for k in before} == before  # what the rebase backed up, byte for byte
+    # what the user made or edited meanwhile is kept and named, never deleted (docs/errors.md)
+    assert {k: after[k] for k in after if k not in before} == {
+        "patches/0001-Patch-a-unchanged.patch.smla-kept": b"garbage", "patches/stray.txt": b"x"}
+    assert (world["root"] / "vllm-pin.txt.smla-kept").read_text() == "broken"
+    for name in ("0001-Patch-a-unchanged.patch.smla-kept", "stray.txt", "vllm-pin.txt.smla-kept"):
+        assert name in res.output
     assert proc.git_out(tree, "rev-parse", "HEAD") == head
     assert proc.git_out(tree, "rev-parse", f"{treeinfo.BASE_TAG}^{{commit}}") == base
     assert proc.git_out(tree, "symbolic-ref", "--short", "HEAD") == treeinfo.BRANCH
@@ -485,3 +492,13 @@ def test_reword_while_resolving(world):
     assert e["outcome"] == "resolved" and e["new_names"] == ["0004-Patch-e-reworded-for-the-new-base.patch"]
     assert (world["root"] / "patches" / "0004-Patch-e-reworded-for-the-new-base.patch").is_file()
     assert not (world["root"] / "patches" / "0005-Patch-e-conflicts.patch").exists()
+
+
+def test_json_conflict_stop_is_one_json_object(world):
+    """stdout under --json is one object: the report, with the stop's `error` (kind, hint, exit code)."""
+    res = smla(world, "--onto", world["c2"], "--source", str(world["up"]), "--json")
+    assert res.exit_code == 11
+    data = json.loads(res.stdout)  # old code: the report, then a second document (the error)
+    assert data["status"] == "conflict" and data["stopped_at"]
+    assert data["error"]["kind"] == "RebaseConflict" and data["error"]["exit_code"] == 11
+    assert "--continue" in data["error"]["hint"]

@@ -275,6 +275,7 @@ MINI = dict(CONFIG, hidden_size=256, vocab_size=64, num_attention_heads=4, head_
             moe_intermediate_size=128)
 
 
+@pytest.mark.slow  # long CPU work: three tiny checkpoints' tensors drawn
 def test_values_are_seeded_per_tensor_name():
     a = gen.make_tensors(MINI, seed=7)
     b = gen.make_tensors(MINI, seed=7)

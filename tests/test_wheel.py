@@ -31,6 +31,8 @@ from smla.cli import main
 from smla.errors import TreeStateError, WheelError
 from smla.pin import Pin
 
+from gitfixtures import python_script
+
 RELEASE = "0.16.0"
 TAGS = "cp38-abi3-manylinux_2_31_x86_64"
 SO_BYTES = bytes(range(256)) * 4096 + b"\x7fELF-not-really"
@@ -379,8 +381,7 @@ def test_from_source_invocation():
         wh.from_source_invocation(Path("/src"), Path("/out"), "v", None)
 
 
-FAKE_PIP = '''#!{python}
-"""Stands in for `python -m pip wheel ...`: checks what setup.py would see, writes a wheel."""
+FAKE_PIP = '''"""Stands in for `python -m pip wheel ...`: checks what setup.py would see, writes a wheel."""
 import os, sys, zipfile
 from pathlib import Path
 args = sys.argv[1:]
@@ -402,9 +403,7 @@ with zipfile.ZipFile(out / f"vllm-{{v}}-cp38-abi3-linux_x86_64.whl", "w") as zf:
 
 
 def test_build_from_source_with_stand_in_python(env, tmp_path):
-    fake = tmp_path / "python"
-    fake.write_text(FAKE_PIP.format(python=sys.executable))
-    fake.chmod(0o755)
+    fake = python_script(tmp_path / "python", FAKE_PIP.format())
     r = wh.build_from_source(PIN, env["series"], env["tree"], tmp_path / "dist", base_wheel=env["base"],
                              python=str(fake), quiet=True)
     assert r.output.name == f"vllm-{r.version}-cp38-abi3-linux_x86_64.whl" and r.output.is_file()
@@ -415,18 +414,14 @@ def test_build_from_source_with_stand_in_python(env, tmp_path):
 
 
 def test_from_source_needs_cuda_torch(env, tmp_path):
-    fake = tmp_path / "python"
-    fake.write_text(f"#!{sys.executable}\nprint('2.13.0+cpu None')\n")
-    fake.chmod(0o755)
+    fake = python_script(tmp_path / "python", "print('2.13.0+cpu None')\n")
     with pytest.raises(WheelError, match="torch 2.13.0") as exc:
         wh.build_from_source(PIN, env["series"], env["tree"], tmp_path / "dist", base_wheel=env["base"],
                              python=str(fake), quiet=True)
     assert "--python" in exc.value.hint
     with pytest.raises(WheelError, match="cannot run"):
         wh.check_build_python(str(tmp_path / "no-such-python"), "2.9.1")
-    no_torch = tmp_path / "python-without-torch"
-    no_torch.write_text(f"#!{sys.executable}\nraise SystemExit('No module named torch')\n")
-    no_torch.chmod(0o755)
+    no_torch = python_script(tmp_path / "python-without-torch", "raise SystemExit('No module named torch')\n")
     with pytest.raises(WheelError, match="cannot import torch"):
         wh.check_build_python(str(no_torch), "2.9.1")
 

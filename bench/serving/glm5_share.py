@@ -88,8 +88,9 @@ def layer_params(cfg: dict, tp: int, batch: int, dense: bool) -> float:
 
 
 def _attention_rows(att: dict, heads: int, cache: str) -> list[dict]:
+    # fp8 rows come per e4m3 path since issue 34: the H200 runs the hardware conversion
     rows = [r for r in att["rows"] if r.get("call") == "engine" and r.get("heads") == heads
-            and r.get("cache") == cache]
+            and r.get("cache") == cache and r.get("path", "hw") == "hw"]
     if not rows:
         have = sorted({r.get("heads") for r in att["rows"] if r.get("call") == "engine"})
         raise ShareError(f"attention.json has no {cache} rows at {heads} heads per GPU (has {have})")

@@ -48,6 +48,11 @@ DeepSeek-V4 (V4_MODELS; bf16, fp8 cache; README "DeepSeek-V4"), per TP:
 Engine checks: the probe's DeepSeek-V4 record (e2e_plugin.describe_dsv4) in the target and
 the MTP drafter must show the side's attention class, backend, fp8_ds_mla cache, output
 projection, mHC kernels and compressor (V4_EXPECT).
+
+TP (issue 37; compare_tp): every TP=k engine whose job names a `tp1_ref` (run_e2e sets it
+where the weights are the same at every TP size) is also compared with that TP=1 engine of
+the same model, dtype, side and cache, bounded as a kernel swap (factor x the ref2-vs-ref
+spread of the model, same TP else TP=1; the fixed bounds without one). Rows "X vs Y".
 """
 from __future__ import annotations
 
@@ -534,13 +539,50 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
                 exit_code = 1
         else:
             cmp["broken"] = []
+    tp_cmps = compare_tp(jobs, loaded, bounds, by_name, v4_cmps)
+    comparisons += tp_cmps
+    if any(c["broken"] for c in tp_cmps) and exit_code == 0:
+        exit_code = 1
     return {"engines": engines, "comparisons": comparisons, "failures": failures, "exit_code": exit_code}
+
+
+def compare_tp(jobs: list[dict], loaded: dict, bounds: dict, by_name: dict, v4_cmps: list[dict]) -> list[dict]:
+    """Each TP=k engine against the TP=1 engine of the same model, dtype, side and cache
+    (job field `tp1_ref`, set by run_e2e where the weights are the same at every TP size:
+    e2e_dummy's TP-invariant draws, DeepSeek-V4's checkpoint). Only the TP split differs
+    (partial sums reduced across GPUs, the heads of each GPU): rounding, bounded as a kernel
+    swap is, by the upstream-vs-upstream spread of the model (`ref2` vs `ref`, same TP, else
+    TP=1; DeepSeek-V4: its calibration and factor), so a rank that read another rank's heads
+    or weights breaks it."""
+    out = []
+    for job in jobs:
+        ref = job.get("tp1_ref")
+        if not ref or any(n not in loaded or not loaded[n][0].get("ok") for n in (ref, job["name"])):
+            continue
+        c = compare_pair(loaded[ref][1], loaded[job["name"]][1])
+        c.update(name=job["name"], ref=ref, side=job["side"], dtype=job["dtype"], model=job["model"], tp=job["tp"],
+                 kv_cache_dtype=job.get("kv_cache_dtype", "auto"), force_mqa=bool(job.get("force_mqa")), role="tp")
+        if is_v4_job(job):
+            calib = next((x for tp in (job["tp"], 1) for x in v4_cmps if x.get("role") == "calibration"
+                          and x["tp"] == tp and x["model"] == job["model"]), None)
+            factor = bounds.get("deepseek_v4", {}).get("factor", 2.0)
+            c["bounds"], why = bounds_for("bfloat16", calib, {**bounds, "factor": {"bfloat16": factor}})
+        else:
+            calib = next((by_name[n] for tp in (job["tp"], 1)
+                          if (n := engine_name(tp, job["model"], "bfloat16", "ref2")) in by_name), None)
+            c["bounds"], why = bounds_for(job["dtype"], calib, bounds)
+        c["bounds_from"] = f"same side at TP=1 ({ref}); {why}"
+        c["broken"] = check_bounds(c, c["bounds"])
+        out.append(c)
+    return out
 
 
 def write_report(s: dict) -> str:
     out = ["# E2E comparison", ""]
     if s.get("command"):
         out += [f"command: `{s['command']}`", ""]
+    if s.get("kind"):
+        out += [f"machine: {s['kind']}", ""]
     out += ["| engine | ok | attention / indexer | cudagraph | init s | prefill tok/s | gen tok/s | spec/prefix metrics |",
             "|---|---|---|---|---|---|---|---|"]
     for name, e in s["engines"].items():
@@ -561,7 +603,7 @@ def write_report(s: dict) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in s["comparisons"]:
         tf, g = c["teacher_forced"], c["greedy"]
-        label = c["name"] if c.get("kv_cache_dtype", "auto") == "auto" else f"{c['name']} vs {c['ref']}"
+        label = _label(c)
         out.append(f"| {label} | {tf['all']['mean']:.2e} | {tf['all']['p99']:.2e} | {tf['all']['max']:.2e} | "
                    f"{tf['sparse'].get('p99', float('nan')):.2e} | {tf['top1_agree']:.4f} | "
                    f"{g['decode_top1_lp_diff']['mean']:.2e} | {g['decode_top1_lp_diff']['p99']:.2e} | "
@@ -569,7 +611,7 @@ def write_report(s: dict) -> str:
                    f"{g['divergence_margin_max']:.3f} | {'; '.join(c['broken']) or '-'} |")
     for c in s["comparisons"]:
         if c.get("bounds_from"):
-            out.append(f"- bounds of {c['name']}: {c['bounds_from']}: "
+            out.append(f"- bounds of {_label(c)}: {c['bounds_from']}: "
                        + ", ".join(f"{k} {v:.3g}" for k, v in c["bounds"].items()))
     located = [c for c in s["comparisons"] if c["teacher_forced"].get("worst")]
     if located:  # where each comparison differs most, and any non-finite logprob on either side
@@ -617,6 +659,13 @@ def write_report(s: dict) -> str:
         out += ["", "failures:"] + [f"- {f}" for f in s["failures"]]
     out += ["", f"exit code {s['exit_code']}", ""]
     return "\n".join(out)
+
+
+def _label(c: dict) -> str:
+    """A comparison's row label: the engine, plus its reference where the engine has more than
+    one comparison (fp8 engines, TP=k against TP=1)."""
+    plain = c.get("kv_cache_dtype", "auto") == "auto" and c.get("role") != "tp"
+    return c["name"] if plain else f"{c['name']} vs {c['ref']}"
 
 
 def _f(x) -> str:

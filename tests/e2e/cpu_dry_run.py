@@ -7,12 +7,13 @@ attention selector which backend it would use.
 
 STAND-INS (this is a dry run, not a test of the kernels):
 - the platform is vLLM's CudaPlatform with the capability faked as 9.0, the
-  name as "NVIDIA H200", 143771 MiB of memory and 2 devices;
+  name as "NVIDIA H200", 143771 MiB of memory and GPUS devices (default: the
+  larger of 2 and TP, as on the nvidia-h200-x2/-x4/-x8 kinds);
 - `vllm._C_stable_libtorch`, `vllm._moe_C_stable_libtorch`, `vllm._flashmla_C`
   and FA3's `_vllm_fa3_C` are empty modules; `vllm._custom_ops.cutlass_*supports*`
   return False.
 
-usage: python cpu_dry_run.py MODEL DTYPE BACKEND|auto TP
+usage: python cpu_dry_run.py MODEL DTYPE BACKEND|auto TP [GPUS]
   with vLLM 0.26.0's Python (official wheel, or an overlay of the patched
   files) importable, plus transformers 5.x. Prints the resolved config lines
   and `SELECTED <backend>`.
@@ -25,7 +26,7 @@ import types
 from pathlib import Path
 
 
-def _fake_h200() -> None:
+def _fake_h200(gpus: int = 2) -> None:
     for name in ("vllm._C_stable_libtorch", "vllm.vllm_flash_attn._vllm_fa3_C",
                  "vllm._moe_C_stable_libtorch", "vllm._flashmla_C"):
         sys.modules[name] = types.ModuleType(name)
@@ -39,7 +40,7 @@ def _fake_h200() -> None:
     cls.get_device_total_memory = classmethod(lambda c, device_id=0: 143771 << 20)
     cls.is_fully_connected = classmethod(lambda c, ids: True)
     if hasattr(cls, "device_count"):
-        cls.device_count = classmethod(lambda c: 2)
+        cls.device_count = classmethod(lambda c: gpus)
     platforms._current_platform = cls()
     import vllm._custom_ops as ops
 
@@ -50,8 +51,9 @@ def _fake_h200() -> None:
 
 def main(argv: list[str]) -> int:
     model, dtype, backend, tp = argv[0], argv[1], argv[2], int(argv[3])
+    gpus = int(argv[4]) if len(argv) > 4 else max(2, tp)
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    _fake_h200()
+    _fake_h200(gpus)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import run_e2e
     from vllm.config import set_current_vllm_config

@@ -13,8 +13,11 @@ code path), then overwrites each parameter with a seeded draw whose scale keeps
 activations O(1) (a linear's weight has variance 1/fan_in, norms ~1, embeddings
 ~1, logits of std ~1, MoE router zero), so attention and the sparse top-k
 selection decide the output. The values depend only on the parameter's name,
-shape, dtype and, for TP-split parameters, the TP rank, never on the attention
-backend, so the reference and our side load the same weights. vLLM's own post-load processing
+dtype and each element's position in the TP=1 tensor, never on the attention backend nor
+on the TP size or rank: a parameter that TP splits is drawn whole (its TP=1 shape) and
+this rank's shard is cut from it by the layer's own weight loader, as from a checkpoint.
+So the reference and our side load the same weights, every rank holds a different shard,
+and the TP=1 engine is the reference for TP=2/4/8. vLLM's own post-load processing
 (MLA's absorbed W_UK/W_UV, MoE layouts) runs after this, as for a checkpoint.
 
 DeepSeek-V4 (tests/e2e/models/deepseek-v4-tiny) loads a generated safetensors checkpoint
@@ -49,47 +52,80 @@ DSV4_PORTABLE_MODULE = "vllm.models.deepseek_v4.nvidia.portable"
 DSV4_O_PROJ_REASON = f"bf16, forced by the e2e harness ({DSV4_O_PROJ_ENV}=bf16)"
 
 
-def _tp_sharded(model) -> dict[str, int]:
-    """Parameter name -> TP rank, for the parameters that TP splits across GPUs.
-
-    Their shards get the rank in their seed (otherwise both halves of e.g. the LM
-    head would be equal and every logit would have an exact twin). Replicated
-    parameters (ReplicatedLinear, disable_tp layers, norms, the indexer, the
-    router) keep a rank-free seed, so every rank holds the same copy. With TP=1
-    nothing changes.
-    """
-    from vllm.distributed import get_tensor_model_parallel_rank
+def _tp_split(layer) -> tuple[str, int] | None:
+    """(kind, TP size) when TP splits `layer`'s weights across GPUs, else None (replicated:
+    ReplicatedLinear, disable_tp layers, norms, the indexer, the router, any layer at TP=1)."""
     from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-    out = {}
-    for mname, mod in model.named_modules():
-        size = rank = None
-        if isinstance(mod, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
-            size, rank = mod.tp_size, getattr(mod, "tp_rank", None)
-        elif "FusedMoE" in type(mod).__name__:
-            cfg = getattr(mod, "moe_parallel_config", None) or getattr(
-                getattr(mod, "moe_config", None), "moe_parallel_config", None)
-            if cfg is not None:
-                size, rank = cfg.tp_size, cfg.tp_rank
-        if size and size > 1:
-            rank = get_tensor_model_parallel_rank() if rank is None else rank
-            for pname, _ in mod.named_parameters(recurse=False):
-                out[f"{mname}.{pname}" if mname else pname] = rank
-    return out
+    if isinstance(layer, ColumnParallelLinear):
+        kind, size = "column", layer.tp_size
+    elif isinstance(layer, RowParallelLinear):
+        kind, size = "row", layer.tp_size
+    elif isinstance(layer, VocabParallelEmbedding):  # ParallelLMHead too
+        kind, size = "vocab", layer.tp_size
+    elif any(c.__name__ == "RoutedExperts" for c in type(layer).__mro__):  # FusedMoE's weights
+        cfg = layer.moe_config.moe_parallel_config
+        if cfg.use_ep:
+            raise NotImplementedError(f"e2e_dummy: expert parallelism ({layer.layer_name})")
+        kind, size = "experts", cfg.tp_size
+    else:
+        return None
+    return (kind, size) if size > 1 else None
 
 
-def _fill(name: str, param, tp_rank: int | None = None) -> None:
+def _full_shape(kind: str, layer, pname: str, param, tp_size: int) -> tuple[int, ...] | None:
+    """The shape the parameter has at TP=1 (what `_draw` fills), or None where this
+    parameter is not split although its layer is (RowParallelLinear's bias)."""
+    shape = list(param.shape)
+    if kind == "column" or kind == "row":
+        dim = getattr(param, "output_dim" if kind == "column" else "input_dim", None)
+        if dim is None:
+            return None
+        if getattr(layer, "num_kv_head_replicas", 1) != 1:
+            raise NotImplementedError(f"e2e_dummy: replicated KV heads ({layer.prefix})")
+        shape[dim] *= tp_size
+    elif kind == "vocab":
+        if getattr(param, "output_dim", None) != 0:
+            return None
+        shape[0] = layer.num_embeddings_padded  # TP-independent (padded to padding_size)
+    elif pname in ("w13_weight", "w2_weight"):
+        if not layer.moe_config.is_act_and_mul:
+            raise NotImplementedError(f"e2e_dummy: ungated experts ({layer.layer_name})")
+        shape[1 if pname == "w13_weight" else 2] *= tp_size
+        if shape[-1 if pname == "w13_weight" else 1] != layer.moe_config.hidden_dim_unpadded or (
+                layer.intermediate_size_per_partition * tp_size != layer.moe_config.intermediate_size):
+            raise NotImplementedError(f"e2e_dummy: padded expert sizes ({layer.layer_name})")
+    else:
+        raise NotImplementedError(f"e2e_dummy: TP-split expert parameter {pname} ({layer.layer_name})")
+    return tuple(shape)
+
+
+def _load_shard(kind: str, layer, pname: str, param, full) -> None:
+    """This rank's shard of the TP=1 tensor `full`, cut by the layer's own weight loader,
+    as it would cut a checkpoint tensor of that shape (merged column layers: each output
+    segment separately; vocabulary: the real rows, padding zero; experts: gate and up
+    halves of w13 each, w2 along its input)."""
+    loader = param.weight_loader
+    if kind == "vocab":
+        loader(param, full[: layer.org_vocab_size])
+    elif kind == "experts":
+        if pname == "w13_weight":
+            inter = full.shape[1] // 2
+            loader(param, full[:, :inter], pname, shard_id="w1", expert_id=0)
+            loader(param, full[:, inter:], pname, shard_id="w3", expert_id=0)
+        else:
+            loader(param, full, pname, shard_id="w2", expert_id=0)
+    else:
+        loader(param, full)
+
+
+def _draw(name: str, data) -> None:
+    """Fill `data` (the parameter as it is at TP=1) from the seed of `name`."""
     import torch
 
-    if not torch.is_floating_point(param):
-        return
-    gen = torch.Generator(device=param.device)
-    seed = SEED ^ zlib.crc32(name.encode())
-    if tp_rank is not None:
-        seed ^= zlib.crc32(f"tp-rank-{tp_rank}".encode())
-    gen.manual_seed(seed)
-    data = param.data
+    gen = torch.Generator(device=data.device)
+    gen.manual_seed(SEED ^ zlib.crc32(name.encode()))
     if data.dim() == 1:
         if name.endswith("e_score_correction_bias"):
             data.uniform_(0.0, 0.05, generator=gen)
@@ -110,6 +146,41 @@ def _fill(name: str, param, tp_rank: int | None = None) -> None:
     if "embed_tokens" in name:
         bound = math.sqrt(3.0)
     data.uniform_(-bound, bound, generator=gen)
+
+
+def _fill(name: str, param, layer=None) -> None:
+    """Seeded values for one parameter of `layer` (its owner module).
+
+    The values depend on the name and the element's position in the TP=1 tensor, never on
+    the TP size or rank, so a TP=k model is the TP=1 model: a parameter that TP splits is
+    drawn whole, at its TP=1 shape on this device, and the layer's own weight loader takes
+    this rank's shard, as from a checkpoint. Every rank thus holds different values and the
+    shards gathered are the TP=1 tensor. Replicated parameters (and every parameter at
+    TP=1) are drawn in place, as before.
+    """
+    import torch
+
+    if not torch.is_floating_point(param):
+        return
+    split = _tp_split(layer) if layer is not None else None
+    pname = name.rpartition(".")[2]
+    full_shape = _full_shape(split[0], layer, pname, param, split[1]) if split else None
+    if full_shape is None:
+        _draw(name, param.data)
+        return
+    full = torch.empty(full_shape, dtype=param.dtype, device=param.device)
+    _draw(name, full)
+    _load_shard(split[0], layer, pname, param, full)
+
+
+def fill_model(model) -> None:
+    """`_fill` every parameter of `model`, with the module that owns it."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            owner = name.rpartition(".")[0]
+            _fill(name, param, model.get_submodule(owner) if owner else model)
 
 
 def _forced_o_proj() -> tuple[str, str]:
@@ -246,13 +317,8 @@ def register() -> None:
         """Stock dummy weights, then O(1)-scaled seeded values per parameter name."""
 
         def load_weights(self, model, model_config) -> None:
-            import torch
-
             super().load_weights(model, model_config)
-            sharded = _tp_sharded(model)
-            with torch.no_grad():
-                for name, param in model.named_parameters():
-                    _fill(name, param, sharded.get(name))
+            fill_model(model)
 
     _registered = True
 

@@ -474,6 +474,9 @@ def build_jobs(args) -> list[dict]:
     mode = getattr(args, "cudagraph_mode", None)
     for job in jobs:
         job["cudagraph_mode"] = mode
+        # the weights are the same at every TP size (e2e_dummy draws each parameter whole and
+        # shards it, V4 loads one checkpoint): a TP=k engine is compared with its TP=1 twin too
+        job["tp1_ref"] = re.sub(r"^tp\d+-", "tp1-", job["name"]) if job["tp"] > 1 else None
     return jobs
 
 
@@ -668,7 +671,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ref-backend", default=REF_BACKEND,
                     help="attention backend of the kv-auto `ref`; 'auto' = vLLM's own selection "
                          "(the fp8 `ref` always uses vLLM's own selection)")
-    ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs of the machine (device-run.sh: all of them); "
+                    "an engine of TP=k takes k of them")
+    ap.add_argument("--kind", default=None, help="the lent machine kind (e.g. nvidia-h200-x8), recorded in "
+                    "summary.json and the report")
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--kv-gib", type=int, default=4)
     ap.add_argument("--engine-timeout", type=float, default=420.0)
@@ -724,6 +730,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         print(json.dumps(plan(args, jobs), indent=1, default=str))
         return 0
+    if max(args.tp) > args.gpus:
+        print(f"--tp {max(args.tp)} needs {max(args.tp)} GPUs, --gpus says {args.gpus}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     if args.results.exists():
         shutil.rmtree(args.results)  # never compare against a previous call's engines
@@ -743,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     if checkpoints:
         summary["checkpoints"] = checkpoints
     summary["command"] = " ".join(sys.argv)
+    summary["kind"] = args.kind
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True, default=str) + "\n")
     (args.out / "report.md").write_text(write_report(summary))

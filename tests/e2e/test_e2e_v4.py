@@ -646,6 +646,7 @@ def test_device_scripts_stage_and_install_the_extra_bundle():
     assert '("tilelang", "tilelang")' in run and '("cutlass", "nvidia-cutlass-dsl")' in run
 
 
+@pytest.mark.slow  # long CPU work: spawns engine processes that import torch (about half a minute)
 def test_main_makes_the_checkpoint_before_the_engines_and_reports_it(tmp_path, monkeypatch):
     """run_e2e.main end to end on the CPU: the (stand-in) checkpoint is made first, the engines
     are spawned with its directory, and summary.json carries it; the engines themselves fail

@@ -22,6 +22,9 @@
 #            before/: an earlier series' kernel files): GPU tests, the series' own tests,
 #            the engine-form attention benchmark vs FlashMLA and the indexer benchmark vs DeepGEMM;
 #            with SMLA_BENCH_DSV4=1 also the DeepSeek-V4 decode benchmark (bench/bench_dsv4.py)
+#   attention  carry .gpu-port/so .gpu-port/fm .gpu-port/dg.tar.xz .gpu-port/kern : GPU tests while
+#            the attention benchmark's launches compile, then bench/bench_attention.py (fp8 cells
+#            with both fp8 kernels, both e4m3 paths) and bench/bench_host.py (issue 34)
 #   dsv4     carry .gpu-port/fm .gpu-port/kern : the series' V4 kernel test (series-dsv4-tests.log;
 #            SMLA_SKIP_TESTS=1 skips it), then the DeepSeek-V4 decode benchmark, ours vs
 #            FlashMLA (bench/bench_dsv4.py; $OUT/dsv4.json, bench-dsv4.log)
@@ -186,6 +189,54 @@ case "$phase" in
     fi
     python3 bench/summarize.py "$out" | tee "$out/summary.txt" || true
     # everything in one archive, the summaries beside it (<= 8 files come back)
+    tar -C "$out" -cJf /tmp/smla-speed-logs.tar.xz . && mv /tmp/smla-speed-logs.tar.xz "$out/logs.tar.xz"
+    find "$out" -mindepth 1 -not -name logs.tar.xz -not -name '*.json' -not -name summary.txt \
+      -not -name gpu-tests-speed.log -not -name 'gpu-env-*' -delete
+    exit $rc
+    ;;
+  attention)  # carry .gpu-port/{so,fm,dg.tar.xz,kern}: issue 34 in one call: the GPU tests of the
+        # kernel files (sparse MLA, fp8 cache, indexer) while the attention benchmark's launches
+        # compile in 12 processes, then the engine-form attention benchmark (every fp8 cell with
+        # both fp8 kernels, hardware and software e4m3 paths) and the host time of one call
+    unpack_so | tee -a "$out/gpu-env-$phase.txt"
+    xz -dc "$b/fm/_flashmla_C.abi3.so.xz" > "$work/_flashmla_C.abi3.so"
+    mkdir -p "$work/dg" && tar -xJf "$b/dg.tar.xz" -C "$work/dg"
+    sha256sum "$b"/kern/vllm/v1/attention/ops/*.py | tee -a "$out/gpu-env-$phase.txt"
+    export SMLA_TREE=$PWD/$b/kern SMLA_VLLM_C_SO=$work/_C_stable_libtorch.abi3.so \
+      SMLA_FLASHMLA_SO=$work/_flashmla_C.abi3.so SMLA_DEEPGEMM_DIR=$work/dg \
+      CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONUNBUFFERED=1
+    export SMLA_GPU_RESULTS=$out/gpu-results.jsonl SMLA_FP8_RESULTS=$out/fp8-gpu-results.jsonl \
+      SMLA_INDEXER_RESULTS=$out/indexer-gpu-results.jsonl
+    rc=0
+    timeout 200 python3 bench/bench_attention.py "$out" --prewarm 12 --prewarm-only \
+      ${SMLA_BENCH_ARGS:-} > "$out/prewarm.log" 2>&1 &
+    pw=$!
+    if [ "${SMLA_SKIP_TESTS:-0}" != 1 ]; then
+      timeout 260 python3 -m pytest tests/gpu/test_kernel_gpu.py tests/gpu/test_fp8_kv_gpu.py \
+        tests/gpu/test_indexer_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
+        > "$out/gpu-tests-speed.log" 2>&1 || rc=$?
+      grep -E "^(FAILED|ERROR)" "$out/gpu-tests-speed.log" | cut -c1-200 || true
+      tail -1 "$out/gpu-tests-speed.log"
+    fi
+    wait $pw || echo "prewarm exit $?"
+    tail -1 "$out/prewarm.log"
+    timeout 240 python3 bench/bench_attention.py "$out" ${SMLA_BENCH_ARGS:-} \
+      > "$out/bench-attention.log" 2>&1 \
+      || echo "bench_attention exit $?" | tee -a "$out/bench-attention.log"
+    timeout 90 python3 bench/bench_host.py "$out" > "$out/bench-host.log" 2>&1 \
+      || echo "bench_host exit $?" | tee -a "$out/bench-host.log"
+    if [ -n "${SMLA_NCU_CELLS:-}" ]; then  # "cache:path:heads:tokens ...": Nsight Compute
+      mkdir -p "$out/ncu"
+      for c in $SMLA_NCU_CELLS; do
+        IFS=: read -r cache path h t <<< "$c"
+        (cd bench && timeout 120 ncu --clock-control none --kernel-name regex:_sparse_mla_fwd \
+          --launch-skip 1 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          --section Occupancy --section LaunchStats --section WarpStateStats \
+          python3 ncu_cell.py "$cache" "$path" "$h" "$t") > "$out/ncu/$cache-$path-$h-$t.txt" 2>&1 \
+          || echo "ncu $c exit $?"
+      done
+    fi
+    python3 bench/summarize.py "$out" | tee "$out/summary.txt" || true
     tar -C "$out" -cJf /tmp/smla-speed-logs.tar.xz . && mv /tmp/smla-speed-logs.tar.xz "$out/logs.tar.xz"
     find "$out" -mindepth 1 -not -name logs.tar.xz -not -name '*.json' -not -name summary.txt \
       -not -name gpu-tests-speed.log -not -name 'gpu-env-*' -delete

@@ -55,9 +55,9 @@ xz -9 -f "$out/fm/_flashmla_C.abi3.so"
 tar -C /tmp/smla-bundle-dg/vllm/third_party -cJf "$out/dg.tar.xz" deep_gemm
 
 cp "$tree"/vllm/__init__.py "$out/kern/vllm/"  # tests check for a vLLM tree by this file
-# the kernel modules import their shared e4m3 helpers (triton_fp8_e4m3.py) by absolute name;
+# the kernel modules import their shared helpers (triton_fp8_e4m3.py, triton_launch.py) by absolute name;
 # the tests provide the package path (tests/sparse_mla_reference.py::provide_ops_package)
-cp "$tree"/vllm/v1/attention/ops/triton_{sparse_mla,sparse_mla_dsv4,dsa_indexer,fp8_e4m3,decode_attention}.py \
+cp "$tree"/vllm/v1/attention/ops/triton_{sparse_mla,sparse_mla_dsv4,dsa_indexer,fp8_e4m3,launch,decode_attention}.py \
   "$out/kern/vllm/v1/attention/ops/"
 # the series' own kernel tests (patches 0013, 0014, 0016), run by device-run.sh speed
 mkdir -p "$out/kern/tests/kernels/attention"

@@ -137,7 +137,7 @@ def test_vllm_writer_matches_reference(vllm_write, dtype):
 CASES = [  # (heads, top-k, tokens)
     (8, 2048, 1), (16, 2048, 4), (64, 2048, 2), (128, 2048, 1),  # decode: split-K + merge
     (16, 512, 64), (128, 512, 16),
-    (8, 2048, 512), (64, 2048, 256), (128, 2048, 128),  # prefill-sized grids
+    (8, 2048, 512), (32, 2048, 128), (64, 2048, 256), (128, 2048, 128),  # prefill-sized grids
 ]
 
 
@@ -175,17 +175,17 @@ def test_fp8_kernel_vs_float64(smla, vllm_write, dtype, H, K, T):
 
 
 @pytest.mark.parametrize("dequant", [False, True], ids=["codes", "dequant"])
-@pytest.mark.parametrize("H,T", [(16, 64), (64, 256), (128, 4)])
+@pytest.mark.parametrize("H,T", [(16, 64), (32, 512), (64, 256), (128, 4)])
 def test_fp8_both_kernels_vs_float64(smla, vllm_write, H, T, dequant):
     """Both fp8 kernels forced on the same vLLM-written cache: the codes
     kernel (exact codes, scales on the dot results) and the rows dequantised
-    to bf16 into the 16-bit kernel (the heuristic's pick for 64-head tiles)."""
+    to bf16 into the 16-bit kernel (the launch table's pick for 32+ head tiles)."""
     cache, written, _, _ = filled_cache(vllm_write, torch.bfloat16, NUM_BLOCKS, 40000, seed=H)
     slots = pick(written, T, 2048, seed=T, empty_rows=(0,))
     g = torch.Generator(device="cuda").manual_seed(9)
     q = (torch.randn(T, H, R + P, device="cuda", generator=g) * 0.25).to(torch.bfloat16)
     cfg = dict(FP8_DEQUANT=dequant)
-    if not dequant and H > 32:
+    if not dequant and H > 16:  # 17+ heads: 64-head tiles with the fp8 cache
         cfg["BLOCK_N"] = 32  # the codes kernel stages two code tiles: 64 rows do not fit
     out = smla.sparse_mla_fwd(q, cache, slots, SCALE, kv_cache_dtype="fp8_ds_mla",
                               rope_dtype=torch.bfloat16, config=cfg)

@@ -440,3 +440,22 @@ def test_decode_topk_exact(ops, rows, ctx, k, kind):
         fig["persistent_topk_wrong_rows"] = len(topk_value_errors(logits, lens, idx_p, k))
     record(**fig)
     assert not bad, fig
+
+
+@pytest.mark.parametrize("fp8_mma", [True, False], ids=["fp8-mma", "software"])
+def test_paged_logits_replays(idx, ops_or_none, fp8_mma):
+    """paged_mqa_logits is replayed after its first call of a shape without
+    Triton's argument binding (triton_launch): calls on new data equal the
+    same call with a config override (never replayed), bit for bit, where
+    the context lengths reach."""
+    for step in range(3):
+        case = build_paged_case("cuda", [4096, 17, 999], 1, H, D, BS, 40 + step, ops_or_none,
+                                max_model_len=8192)
+        a = (case["q_fp8"], case["kv"], case["w"], case["lens2d"], case["bt"], 8192)
+        got = idx.paged_mqa_logits(*a, clean_logits=False, fp8_mma=fp8_mma)
+        ref = idx.paged_mqa_logits(*a, clean_logits=False, fp8_mma=fp8_mma,
+                                   config=dict(idx._DECODE_CFG[fp8_mma]))
+        torch.cuda.synchronize()
+        for r, L in enumerate(case["lens"]):
+            assert torch.equal(got[r, :L], ref[r, :L]), f"step {step} row {r}"
+    assert len(idx._PAGED_REPLAYS) >= 1

@@ -2,7 +2,8 @@
 arguments, the resumable manifest (runner driven end to end with a stand-in engine process),
 the figures, the profile breakdown, results.json + table + plot, the GLM-5 share calculator.
 
-The GPU run itself is `make bench-e2e` on the lent H200 (bench/serving/README.md).
+The GPU run itself is `make bench-e2e-pieces` on the lent H200 (`make bench-e2e` on one's own
+CUDA machine; bench/serving/README.md).
 """
 from __future__ import annotations
 
@@ -114,7 +115,8 @@ def test_the_readme_shows_the_plan_the_code_makes():
 
 def test_make_targets_run_the_bench_scripts():
     mk = (REPO / "Makefile").read_text()
-    assert re.search(r"^bench-e2e:\n\tbash bench/serving/device-run.sh run \$\(BENCH_E2E_ARGS\)", mk, re.M)
+    assert re.search(r"^bench-e2e-pieces:\n\tbash bench/serving/device-run.sh run \$\(BENCH_E2E_ARGS\)", mk, re.M)
+    assert re.search(r"^bench-e2e:\n\t\$\(GPU_ENV\) bash tools/gpu-local.sh bench-e2e \$\(BENCH_E2E_ARGS\)", mk, re.M)
     for target in ("bench-e2e-plan", "bench-e2e-keep", "bench-e2e-report", "bench-e2e-share"):
         assert re.search(rf"^{target}:", mk, re.M), target
 
@@ -527,6 +529,7 @@ def test_profiles_with_summed_durations_are_marked():
     assert "[1]" not in report.markdown(res)
 
 
+@pytest.mark.slow  # long CPU work: two matplotlib renders
 def test_the_plot_is_a_deterministic_png(tmp_path):
     pytest.importorskip("matplotlib")
     a = report.plot(_fixture(), tmp_path / "a.png").read_bytes()
@@ -536,6 +539,7 @@ def test_the_plot_is_a_deterministic_png(tmp_path):
     assert (width, height) == (1680, 700)
 
 
+@pytest.mark.slow  # long CPU work: report.py renders the plot in a child process
 def test_the_report_cli_writes_json_table_and_plot(fake, tmp_path):
     pytest.importorskip("matplotlib")
     assert _run(fake) == bench_serving.EXIT_OK

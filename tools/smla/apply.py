@@ -32,9 +32,10 @@ from pathlib import Path
 
 from smla import lock, proc, treestate
 from smla.errors import ApplyError, TreeStateError, cmd
+from smla.pin import Pin
 from smla.series import Patch, Series, check_no_symlinks
 from smla.gitapply import failed_hunks, hunk_offsets, reverse_applies
-from smla.treeinfo import ALREADY, APPLIED, PENDING, UPSTREAM, dirty_files, require_tree
+from smla.treeinfo import ALREADY, APPLIED, PENDING, UPSTREAM, commit_all, dirty_files, require_tree
 
 
 @dataclass
@@ -76,13 +77,15 @@ class ApplyResult:
         }
 
 
-def apply_series(series: Series, tree: Path, *, force: bool = False, fuzz: int = 0, echo=print) -> ApplyResult:
+def apply_series(series: Series, tree: Path, *, force: bool = False, fuzz: int = 0, echo=print,
+                 pin: Pin | None = None) -> ApplyResult:
+    """Apply `series` (see the module doc); `pin`: refuse a tree whose base is not the pin's."""
     with lock.hold(tree):
-        return _apply_locked(series, tree, force=force, fuzz=fuzz, echo=echo)
+        return _apply_locked(series, tree, force=force, fuzz=fuzz, echo=echo, pin=pin)
 
 
-def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -> ApplyResult:
-    info = require_tree(tree)
+def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo, pin: Pin | None) -> ApplyResult:
+    info = require_tree(tree) if pin is None else treestate.require_at_pin(pin, tree, "apply patches/")
     proc.sweep_scratch(tree)  # what a killed earlier run left beside the tree
     dirty = dirty_files(tree)
     check_no_symlinks(series, tree)
@@ -118,7 +121,7 @@ def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -
         echo(f"all {len(outcomes)} patches already applied to {tree}{note}; nothing to do")
         if dirty:  # nothing to apply: uncommitted edits can stay (and be tested: make test, explain)
             echo(f"note: the tree has uncommitted changes ({shown}), not in patches/ until committed "
-                 f"({cmd('git', '-C', tree, 'commit', '-a')}) and exported ({cmd('smla', 'export')})")
+                 f"({commit_all(tree)}) and exported ({cmd('smla', 'export')})")
         if st.edited:
             echo(f"note: the tree also has {len(st.edited)} commit(s) not in patches/: "
                  f"{cmd('smla', 'export')} saves them")
@@ -130,8 +133,8 @@ def _apply_locked(series: Series, tree: Path, *, force: bool, fuzz: int, echo) -
         raise TreeStateError(
             f"work tree {tree} has uncommitted changes ({shown}), and "
             f"{', '.join(missing) or 'the patch commits'} would have to be applied under them",
-            hint=f"commit them ({cmd('git', '-C', tree, 'commit', '-a')}) and run {cmd('smla', 'export')}; "
-                 f"or set them aside ({cmd('git', '-C', tree, 'stash')}); or apply over them with "
+            hint=f"commit them ({commit_all(tree)}) and run {cmd('smla', 'export')}; "
+                 f"or set them aside ({cmd('git', '-C', tree, 'stash', '--include-untracked')}); or apply over them with "
                  f"{cmd('smla', 'apply', '--force')} (through make: {cmd('make', 'patch', 'ARGS=--force')})",
         )
     # Keep the longest run of commits from the base that carries the series in order; rebuild the rest.
@@ -200,23 +203,33 @@ def _apply_one(patch: Patch, outcome: PatchOutcome, worktree: Path, fuzz: int, t
     if reverse_applies(worktree, patch):
         outcome.state = UPSTREAM
         return
-    raise failure(patch, check.stderr, tree)
+    raise failure(patch, check.stderr, tree, proc.git_out(worktree, "rev-parse", "HEAD"))
 
 
-def failure(patch: Patch, stderr: str, tree: Path) -> ApplyError:
-    """An ApplyError naming the patch, file, hunk and line from `git apply` stderr."""
+def failure(patch: Patch, stderr: str, tree: Path, tried_on: str) -> ApplyError:
+    """An ApplyError naming the patch, file, hunk and line from `git apply` stderr. `tried_on`: the
+    commit the patch was tried on (the base and the patches before it); the hint shows that commit's
+    file, since the tree's HEAD may hold more patches (or an older version of this one)."""
     fails = failed_hunks(patch, stderr)
+    at_head = tried_on == proc.git_out(tree, "rev-parse", "HEAD")
+    where_file = "the tree's" if at_head else f"the series' state before it (commit {tried_on[:12]}), in"
     if fails and fails[0].line is not None:
-        where = f"{fails[0]}, at line {fails[0].line} of the tree's {fails[0].file}"
+        where = f"{fails[0]}, at line {fails[0].line} of {where_file} {fails[0].file}"
     elif fails:
         where = str(fails[0])
     else:
         where = stderr.strip().splitlines()[-1] if stderr.strip() else "?"
+    if at_head:
+        see = f"See the failing hunk with {cmd('git', '-C', tree, 'apply', '--check', '-v', patch.path.resolve())}"
+    elif fails:
+        see = (f"The file as the patch found it: {cmd('git', '-C', tree, 'show', f'{tried_on}:{fails[0].file}')}"
+               + (f" (line {fails[0].line})" if fails[0].line is not None else ""))
+    else:
+        see = f"The patch was tried on commit {tried_on[:12]} ({cmd('git', '-C', tree, 'show', '--stat', tried_on)})"
     return ApplyError(
         f"patch {patch.name} ({patch.subject}) does not apply: {where}",
         hint=(
-            "the tree is unchanged. See the failing hunk with "
-            f"{cmd('git', '-C', tree, 'apply', '--check', '-v', patch.path.resolve())}; "
+            f"the tree is unchanged. {see}; "
             f"if upstream moved, carry the series with {cmd('smla', 'rebase')}, "
             f"or fix the patch in a tree and {cmd('smla', 'export')}"
         ),

@@ -44,8 +44,9 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from smla.errors import ChecksumError, FetchError, FilesystemError
-from smla.fsutil import sha256_file
+from smla import nospace
+from smla.errors import ChecksumError, FetchError, FilesystemError, cmd
+from smla.fsutil import file_in_the_way, sha256_file
 
 log = logging.getLogger("smla.cache")
 
@@ -105,6 +106,13 @@ def writable_dir(path: Path) -> Path:
 
 
 def unwritable(path: Path, exc: OSError) -> FilesystemError:
+    blocker = file_in_the_way(path)
+    if blocker is not None:
+        return FilesystemError(
+            f"cannot use the toolkit's cache {path}: {blocker} is a file, where a directory belongs",
+            hint=f"move that file away ({cmd('mv', blocker, f'{blocker}.old')}), or point SMLA_CACHE_DIR at a "
+                 "directory (e.g. `SMLA_CACHE_DIR=$HOME/smla-cache smla fetch`)",
+        )
     return FilesystemError(
         f"cannot write the toolkit's cache {path}: {exc.strerror or exc}",
         hint=f"make {cache_dir()} writable, or point SMLA_CACHE_DIR at a writable directory "
@@ -333,7 +341,13 @@ def _stream(url: str, out, digest, label: str, quiet: bool) -> None:
                     progress.advance(task, len(chunk))
     except FetchError:
         raise
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except OSError as exc:
+        full = nospace.from_oserror(exc, downloads_dir(), f"downloading {label}")
+        if full is not None:
+            raise full from exc
+        raise FetchError(f"download of {label} failed: {_redact_text(str(exc), url)}",
+                         hint="run the command again") from exc
+    except (urllib.error.URLError, ValueError) as exc:
         raise FetchError(f"download of {label} failed: {_redact_text(str(exc), url)}",
                          hint="run the command again") from exc
     except Exception as exc:  # http.client.IncompleteRead and friends

@@ -1,20 +1,20 @@
 """`clean`: remove the work tree (what `make clean` runs).
 
-Refused, unless `discard`, for a directory that is not an smla work tree,
-a stopped rebase, and a tree holding work not in patches/ (the guard of
-treestate.keep_work, the same one `fetch --force` uses). Scratch worktrees
-a killed run left beside the tree go with it.
+Only a directory `smla fetch` made, never the toolkit checkout or one holding it, with or without
+`discard` (smla.keep, the rule of docs/errors.md). Refused, unless `discard`, for a stopped rebase
+and a tree holding work not in patches/ (the guard of treestate.keep_work, the same one `fetch
+--force` uses). Scratch worktrees a killed run left beside the tree go with it.
 """
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from smla import lock, proc, treestate
+from smla import keep, lock, proc, treestate
 from smla.errors import UsageError, cmd
 from smla.project import Project
 from smla.series import load
-from smla.treeinfo import lost_base_tag, read_tree_info, rebase_in_progress
+from smla.treeinfo import lost_base_tag, rebase_in_progress
 
 
 def clean(project: Project, tree: Path, *, discard: bool = False) -> bool:
@@ -26,9 +26,8 @@ def clean(project: Project, tree: Path, *, discard: bool = False) -> bool:
             lost = lost_base_tag(tree)
             if lost is not None:
                 raise lost
-            if read_tree_info(tree) is None and tree.is_dir() and any(tree.iterdir()):
-                raise UsageError(f"{tree} is not an smla work tree; refusing to remove it",
-                                 hint="remove it yourself if you mean it")
+        keep.require_work_tree(project.root, tree)
+        if not discard:
             if rebase_in_progress(tree):
                 raise UsageError(f"a `smla rebase` is stopped in {tree}",
                                  hint=f"{cmd('smla', 'rebase', '--abort')} first, or add --discard")

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import click
 
-from smla import __version__, cache, lock, report, series
+from smla import __version__, cache, lock, nospace, report, series
 from smla import apply as apply_mod
 from smla import clean as clean_mod
 from smla import export as export_mod
 from smla import fetch as fetch_mod
 from smla import status as status_mod
-from smla.errors import FilesystemError, Interrupted, NotInSync, SmlaError, UsageError, cmd
+from smla.errors import Interrupted, NotInSync, SmlaError, UsageError, cmd
 from smla.project import TREE_ENV, Project
 
 # The signal that stopped the run (SIGINT for Ctrl-C, SIGTERM): its exit code is 128 + it.
@@ -54,8 +54,7 @@ def _as_smla_error(exc: BaseException) -> SmlaError:
         err.exit_code = 128 + int(sig)
         return err
     if isinstance(exc, OSError):
-        where = f": {exc.filename}" if exc.filename else ""
-        return FilesystemError(f"{exc.strerror or exc}{where}")
+        return nospace.describe(exc)
     raise exc
 
 
@@ -238,10 +237,10 @@ def apply_cmd(c: Ctx, force, fuzz, as_json):
     was built (and the tree holds no unexported commits), the patch commits
     are rebuilt from the base and the changed patches are named.
     """
-    c.project.pin()  # a broken pin is an error for every command, not only for fetch
+    pin = c.project.pin()  # a broken pin is an error for every command, not only for fetch
     s = _series(c)
     echo = (lambda *_: None) if as_json else click.echo
-    result = apply_mod.apply_series(s, c.tree, force=force, fuzz=fuzz, echo=echo)
+    result = apply_mod.apply_series(s, c.tree, force=force, fuzz=fuzz, echo=echo, pin=pin)
     if as_json:
         click.echo(report.to_json(result.to_dict()), nl=False)
     elif result.changed:
@@ -299,8 +298,8 @@ def status(c: Ctx, as_json, check):
 @_locked
 def export(c: Ctx, allow_dirty, prune, force, as_json):
     """Regenerate patches/*.patch and patches/series from the commits above the base."""
-    c.project.pin()
-    result = export_mod.export(c.tree, c.project.patches_dir, allow_dirty=allow_dirty, prune=prune, force=force)
+    result = export_mod.export(c.tree, c.project.patches_dir, allow_dirty=allow_dirty, prune=prune, force=force,
+                               pin=c.project.pin())
     data = result.to_dict()
     click.echo(report.to_json(data) if as_json else report.export_text(data), nl=False)
 
@@ -387,8 +386,17 @@ def rebase(c: Ctx, onto, continue_, abort, source_, upstream_commit, run_tests, 
                                      report_dir=report_dir, report_name=report_name, echo=echo)
     if written and not as_json:
         click.echo(f"report: {', '.join(str(p) for p in written)}", err=True)
-    click.echo(report.to_json(result.to_dict()) if as_json else rebase_mod.text(result), nl=False)
-    result.raise_for_status()
+    err = result.error()  # a stop on a conflict, a failed --test
+    if as_json:  # one JSON object: the report, with the error's `error` key when there is one
+        data = result.to_dict()
+        if err is not None:
+            data.update(err.to_dict())
+            err.reported = True
+        click.echo(report.to_json(data), nl=False)
+    else:
+        click.echo(rebase_mod.text(result), nl=False)
+    if err is not None:
+        raise err
 
 
 @main.command()

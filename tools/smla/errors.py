@@ -71,7 +71,8 @@ class SeriesError(SmlaError):
     """patches/ or a patch file is malformed or unsafe."""
 
     exit_code = 6
-    default_hint = "fix the patch file named above, restore patches/ with `git checkout -- patches/`, or regenerate it from a work tree with `smla export`"
+    default_hint = ("fix the patch file named above, restore patches/ with `git checkout -- patches/`, or overwrite it "
+                    "with the work tree's commit: `smla export --force` (plain `smla export` keeps a hand edit)")
 
 
 class TreeStateError(SmlaError):

@@ -57,3 +57,15 @@ def content_lines(path: Path, error: type[Exception]) -> list[tuple[int, str]]:
         raise error(f"{path}: not UTF-8 text ({exc})") from exc
     lines = ((n, raw.split("#", 1)[0].strip()) for n, raw in enumerate(text.splitlines(), 1))
     return [(n, line) for n, line in lines if line]
+
+
+def file_in_the_way(path: Path) -> Path | None:
+    """The first existing component of `path` (itself included) that is not a directory, when
+    `path` names a directory to create or use: a file where a directory belongs; else None."""
+    p = Path(path).absolute()
+    for cand in (*reversed(p.parents), p):
+        if cand.exists() and not cand.is_dir():
+            return cand
+        if not cand.exists():
+            return None
+    return None

@@ -19,11 +19,13 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from smla import nospace
 from smla.errors import CommandError
 
 log = logging.getLogger("smla.proc")
@@ -109,11 +111,26 @@ def run(
     if proc.returncode != 0:
         log.debug("exit %d; stderr: %s", proc.returncode, proc.stderr.strip())
         if check:
+            full = nospace.from_output(Path(args[0]).name, proc.stderr + proc.stdout, Path(cwd or "."))
+            if full is not None:  # a full disk (git: thousands of `unable to write file` lines)
+                raise full
             raise CommandError(
                 f"command failed (exit {proc.returncode}): {shlex.join(args)}\n"
-                f"{proc.stderr.strip() or proc.stdout.strip()}"
+                f"{_tail(proc.stderr.strip() or proc.stdout.strip())}"
             )
     return proc
+
+
+MAX_ERROR_LINES = 20
+
+
+def _tail(text: str) -> str:
+    """The last MAX_ERROR_LINES lines of a command's output (-vv logs all of it)."""
+    lines = text.splitlines()
+    if len(lines) <= MAX_ERROR_LINES:
+        return text
+    return "\n".join([f"[{len(lines) - MAX_ERROR_LINES} earlier lines left out; -vv shows them]",
+                      *lines[-MAX_ERROR_LINES:]])
 
 
 def git(
@@ -139,6 +156,27 @@ def git_out(cwd: Path | str, *args: str | os.PathLike) -> str:
 
 
 SCRATCH_PREFIX = ".smla-"  # every scratch worktree's directory name starts with it
+# <tree>/.git/<SCRATCH_RECORDS>/<name>: one per scratch worktree, written before it is made and
+# removed after it is gone, so a run killed at any moment (even with the checkout half deleted and
+# no .git left in it) leaves a record naming what the next run's sweep removes.
+SCRATCH_RECORDS = "smla-scratch"
+TMP_DIR = "smla-tmp"  # <git common dir>/smla-tmp: temporary indexes and patch files (see `git_tmpdir`)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends, then arrive as usual. The programs run meanwhile
+    inherit the blocked mask, so a Ctrl-C to the whole process group cannot cut a clean-up short."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    try:
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, ValueError, OSError):  # no POSIX signal masks here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 @contextlib.contextmanager
@@ -146,17 +184,22 @@ def scratch_worktree(tree: Path, rev: str, *, prefix: str, parent: Path | None =
                      checkout: bool = True) -> Iterator[Path]:
     """A detached `git worktree` of `tree` at `rev` in a fresh directory (beside
     the tree unless `parent`), removed with its administrative files afterwards,
-    also when the `worktree add` itself is interrupted (Ctrl-C, SIGTERM)."""
+    also when the `worktree add` itself is interrupted (Ctrl-C, SIGTERM), and
+    without letting a Ctrl-C during the removal cut it short."""
     assert prefix.startswith(SCRATCH_PREFIX), prefix
     base = parent or tree.parent
     base.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    record = tree / ".git" / SCRATCH_RECORDS / scratch.name
     try:
+        record.parent.mkdir(exist_ok=True)
+        record.write_text(f"{scratch.absolute()}\n")
         scratch.rmdir()
         git(tree, "worktree", "add", "-q", "--detach", *(() if checkout else ("--no-checkout",)), scratch, rev)
         yield scratch
     finally:
-        _remove_scratch(tree, scratch)
+        with signals_held():
+            _remove_scratch(tree, scratch)
 
 
 def _remove_scratch(tree: Path, scratch: Path) -> None:
@@ -164,6 +207,8 @@ def _remove_scratch(tree: Path, scratch: Path) -> None:
     git(tree, "worktree", "remove", "--force", "--force", scratch, check=False)
     shutil.rmtree(scratch, ignore_errors=True)
     git(tree, "worktree", "prune", check=False)
+    if not scratch.exists():
+        (tree / ".git" / SCRATCH_RECORDS / scratch.name).unlink(missing_ok=True)
 
 
 def sweep_scratch(tree: Path) -> list[Path]:
@@ -171,7 +216,9 @@ def sweep_scratch(tree: Path) -> list[Path]:
 
     Call only while holding the tree's lock (smla.lock): every scratch worktree is made under it,
     so any that exists then is stale. Only directories named SCRATCH_PREFIX* that git lists as
-    worktrees of `tree`, or whose `.git` file points into `tree`'s repository, are touched."""
+    worktrees of `tree`, whose `.git` file points into `tree`'s repository, or that a record in
+    <tree>/.git/smla-scratch names (made by smla, whatever is left of them) are touched. Temporary
+    files of runs that are gone (`git_tmpdir`) go too."""
     if not (tree / ".git").is_dir():
         return []
     gitdir = (tree / ".git").resolve()
@@ -190,8 +237,49 @@ def sweep_scratch(tree: Path) -> list[Path]:
             continue
         if text.startswith("gitdir: ") and Path(text[len("gitdir: "):].strip()).resolve().is_relative_to(gitdir):
             found.add(p)
+    records = gitdir / SCRATCH_RECORDS
+    for rec in sorted(records.iterdir()) if records.is_dir() else ():
+        try:
+            p = Path(rec.read_text().strip())
+        except OSError:
+            continue
+        if p.name == rec.name and p.name.startswith(SCRATCH_PREFIX) and p.exists():
+            found.add(p)
+        elif not p.exists():
+            rec.unlink(missing_ok=True)
     for p in sorted(found):
         log.warning("removing %s, a scratch worktree an interrupted smla run left behind", p)
-        _remove_scratch(tree, p)
+        with signals_held():
+            _remove_scratch(tree, p)
     git(tree, "worktree", "prune", check=False)
+    _sweep_tmp(gitdir / TMP_DIR)
     return sorted(found)
+
+
+@contextlib.contextmanager
+def git_tmpdir(repo: Path) -> Iterator[Path]:
+    """A temporary directory inside `repo`'s git directory (a temporary index, patch files), not in
+    the system's /tmp: what a killed run leaves there is swept by the next run (`sweep_scratch`) and
+    goes with the tree. Named after this process, so a sweep removes only those of dead runs."""
+    common = Path(git_out(repo, "rev-parse", "--git-common-dir"))
+    base = (common if common.is_absolute() else Path(repo) / common) / TMP_DIR
+    base.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-", dir=base) as tmp:
+        yield Path(tmp)
+
+
+def _sweep_tmp(base: Path) -> None:
+    for p in base.glob("*-*") if base.is_dir() else ():
+        pid = p.name.split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

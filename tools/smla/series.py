@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 import unidiff
 
-from smla.errors import SeriesError
+from smla.errors import SeriesError, cmd
 from smla.fsutil import atomic_write_text, content_lines
 
 SERIES_FILE = "series"
@@ -102,22 +102,36 @@ def load(directory: Path, *, allow_empty: bool = False) -> Series:
             parts.append(f"listed in series but missing: {', '.join(missing)}")
         if unlisted:
             parts.append(f"present but not in series: {', '.join(unlisted)}")
-        raise SeriesError(
-            f"{directory}/series and the directory disagree ({'; '.join(parts)})",
-            hint="fix patches/series, or regenerate both with `smla export`",
-        )
+        hints = []
+        if unlisted:
+            them = "it" if len(unlisted) == 1 else "them"
+            hints.append(f"list {', '.join(unlisted)} in {directory}/series (in order) and run `smla apply`, or "
+                         f"move {them} out of {directory} (`smla export` never deletes a file the series does "
+                         "not list)")
+        if missing:
+            hints.append(f"restore {', '.join(missing)} (`git checkout -- {directory}`) or remove "
+                         + ("its line" if len(missing) == 1 else "their lines") + f" from {directory}/series")
+        raise SeriesError(f"{directory}/series and the directory disagree ({'; '.join(parts)})",
+                          hint="; ".join(hints))
     if not names and not allow_empty:
         raise SeriesError(f"{directory}/series lists no patches")
     return Series(directory, tuple(parse_patch(directory / n) for n in names))
 
 
-def parse_patch(path: Path) -> Patch:
-    """Parse and validate one format-patch file."""
-    raw = path.read_bytes()
+def parse_patch(path: Path, raw: bytes | None = None) -> Patch:
+    """Parse and validate one format-patch file (`raw`: its bytes, when not yet written to `path`)."""
+    raw = path.read_bytes() if raw is None else raw
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SeriesError(f"{path.name}: not UTF-8 text ({exc})") from exc
+    if re.search(r"^diff --git [^\n]*\r$", text, re.M):  # never in a diff git writes: converted endings
+        raise SeriesError(
+            f"{path}: its lines end in CRLF (\\r\\n), not LF: the file's line endings were converted, "
+            "e.g. by a checkout with core.autocrlf=true",
+            hint=f"check it out again without conversion ({cmd('git', '-C', path.parent, 'checkout', '--', path.name)}; "
+                 "the repository's .gitattributes keeps patches LF), or convert an edited copy back to LF",
+        )
     diff_at = _diff_start(text)
     if diff_at < 0:
         raise SeriesError(f"{path.name}: no diff found (expected `diff --git` lines)")

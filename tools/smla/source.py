@@ -25,8 +25,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from smla import cache, ids, lock, proc, treestate
-from smla.errors import ChecksumError, CommandError, FetchError, TreeStateError, UsageError, cmd
+from smla import cache, ids, lock, nospace, proc, treestate
+from smla.errors import (ChecksumError, CommandError, FetchError, FilesystemError, TreeStateError, UsageError,
+                         cmd)
 from smla.fsutil import sha256_file, umask
 from smla.pin import Pin
 from smla.treeinfo import BASE_TAG, BRANCH, TreeInfo, lost_base_tag, read_tree_info, rebase_in_progress
@@ -112,14 +113,7 @@ def _check_target(pin: Pin, tree: Path, force: bool, guard) -> TreeInfo | None:
         )
     info = read_tree_info(tree)
     if info is not None and not force:
-        if info.upstream_commit == pin.commit:
-            return info
-        raise TreeStateError(
-            f"work tree {tree} holds vLLM {info.version} ({info.upstream_commit[:12]}), "
-            f"but the pin is {pin.version} ({pin.short})",
-            hint=f"run {cmd('smla', 'fetch', '--force')} to replace it (refused while it holds unexported work), "
-                 f"or {cmd('smla', 'rebase', '--onto', pin.version)} to move the series",
-        )
+        return treestate.require_at_pin(pin, tree, "fetch the pinned vLLM into it")
     lost = lost_base_tag(tree) if info is None else None
     if lost is not None and not (force and guard is None):  # --force --discard replaces it
         raise lost
@@ -256,17 +250,28 @@ def unpack_sdist(archive: Path, dest: Path) -> None:
             "'data' filter)",
             hint="use Python 3.10.12+, 3.11.4+ or 3.12+",
         )
-    with tempfile.TemporaryDirectory(dir=dest.parent) as scratch:
-        try:
-            with tarfile.open(archive) as tf:
-                tf.extractall(scratch, filter="data")
-        except (tarfile.TarError, OSError) as exc:
-            raise FetchError(f"cannot unpack {archive}: {exc}", hint="delete it and fetch again") from exc
-        tops = list(Path(scratch).iterdir())
-        if len(tops) != 1 or not tops[0].is_dir():
-            raise FetchError(f"{archive.name}: expected one top-level directory in the sdist")
-        for item in tops[0].iterdir():
-            shutil.move(str(item), dest / item.name)
+    # The archive was verified (its sha256) before it got here: a failure is not the archive's fault
+    # unless tarfile cannot read it, so no hint ever says to delete it.
+    try:
+        with tempfile.TemporaryDirectory(dir=dest.parent) as scratch:
+            try:
+                with tarfile.open(archive) as tf:
+                    tf.extractall(scratch, filter="data")
+            except tarfile.TarError as exc:
+                raise FetchError(f"cannot read {archive}: {exc}",
+                                 hint="the file matches its pinned sha256, so it is as published: check that "
+                                      "it is the sdist of the pinned vLLM, and this Python's tarfile") from exc
+            tops = list(Path(scratch).iterdir())
+            if len(tops) != 1 or not tops[0].is_dir():
+                raise FetchError(f"{archive.name}: expected one top-level directory in the sdist")
+            for item in tops[0].iterdir():
+                shutil.move(str(item), dest / item.name)
+    except OSError as exc:
+        what = f"unpacking {archive.name} (the archive itself is fine)"
+        full = nospace.from_oserror(exc, dest.parent, what)
+        if full is not None:
+            raise full from exc
+        raise FilesystemError(f"cannot write {exc.filename or dest}: {exc.strerror or exc}, {what}") from exc
 
 
 def commit_snapshot(repo: Path, message: str) -> str:

@@ -53,8 +53,8 @@ def status(pin: Pin, tree: Path, series: Series) -> dict:
         hint = (f"the pin names the tree's commit {pin.short} but version {pin.version}, and that commit is "
                 f"vLLM {info.version}: fix `version` at {pin.where('version')} "
                 f"(`git diff vllm-pin.txt` shows local edits)")
-    elif not matches_pin and not st.tree_work:
-        hint = f"the tree is not at the pin: {cmd('smla', 'fetch', '--force')} then {cmd('smla', 'apply')}"
+    elif not matches_pin:  # the way out apply and export give too (treestate.require_at_pin)
+        hint = f"the tree is not at the pin: {treestate.pin_mismatch(pin, info, 'status').hint}"
     return {
         "tree": str(tree),
         "pin": {"commit": pin.commit, "version": pin.version},

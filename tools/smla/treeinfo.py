@@ -140,6 +140,12 @@ def commits_above_base(tree: Path) -> list[tuple[str, str]]:
     return [tuple(line.split("\0", 1)) for line in out.splitlines() if line]  # type: ignore[misc]
 
 
+def commit_all(tree: Path) -> str:
+    """The commands that commit every uncommitted change, new (untracked) files too: what hints
+    say (`git commit -a` leaves new files out)."""
+    return f"{cmd('git', '-C', tree, 'add', '-A')}, then {cmd('git', '-C', tree, 'commit')}"
+
+
 def dirty_files(tree: Path) -> list[str]:
     out = proc.git(tree, "status", "--porcelain", "--untracked-files=all").stdout
     return [line[3:] for line in out.splitlines() if line.strip()]

@@ -36,6 +36,10 @@ API (all take the tree path and a loaded series.Series):
                                      .tree_work, .patches_newer, .advice()
   require_in_sync(tree, series, what, error=TreeStateError)
                                      raise unless equal (build-wheel, rebase)
+  require_at_pin(pin, tree, what, error=TreeStateError)
+                                     raise unless the tree's base is the pin's
+                                     (the one check: fetch/patch, apply, export,
+                                     build-wheel, rebase), with the way out
   check_replaceable(tree, series)    raise if replacing the tree loses work
   keep_work(load_series) -> guard    that check as the guard fetch --force
                                      and clean take
@@ -49,7 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,8 +61,10 @@ from pathlib import Path
 from smla import proc
 from smla.errors import SmlaError, TreeStateError, cmd
 from smla.fsutil import atomic_write_text
+from smla.pin import Pin
 from smla.series import Patch, Series
-from smla.treeinfo import BASE_TAG, base_commit, commits_above_base, dirty_files, git_path, read_tree_info
+from smla.treeinfo import (BASE_TAG, TreeInfo, base_commit, commit_all, commits_above_base, dirty_files, git_path,
+                           read_tree_info, require_tree)
 
 RECORD_VERSION = 1
 IN_SYNC = "in-sync"
@@ -82,7 +88,7 @@ FORMAT_PATCH_ARGS = (
 
 def render_commit(tree: Path, commit: str) -> bytes:
     """The bytes `smla export` writes for `commit` (b'' for an empty commit)."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with proc.git_tmpdir(tree) as tmp:
         proc.git(tree, *FORMAT_PATCH_ARGS, "-o", tmp, "-1", commit)
         files = sorted(Path(tmp).glob("*.patch"))
         return files[0].read_bytes() if files else b""
@@ -223,7 +229,7 @@ class State:
                        else f"{cmd('smla', 'apply')} applies {', '.join(self.pending)}")
             return " ".join(out)
         if self.uncommitted:
-            out.append(f"commit the uncommitted changes ({cmd('git', '-C', t, 'commit', '-a')}), then "
+            out.append(f"commit the uncommitted changes ({commit_all(t)}), then "
                        f"{cmd('smla', 'export')}")
         elif self.inexact and len(self.inexact) == len(self.edited):
             out.append(f"{cmd('smla', 'export')} rewrites {', '.join(self.inexact)} from the commits they made "
@@ -331,8 +337,8 @@ def upstream_in_base(tree: Path, base: str, patches: list[Patch]) -> set[str]:
     if not patches:
         return set()
     found = set()
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+    with proc.git_tmpdir(tree) as tmp:
+        env = {"GIT_INDEX_FILE": str(tmp / "index")}
         proc.git(tree, "read-tree", base, env=env)
         for p in patches:
             res = proc.git(tree, "apply", "--cached", "--check", "-R", "--", p.path.resolve(), env=env, check=False)
@@ -350,6 +356,45 @@ def require_in_sync(tree: Path, series: Series, what: str, error: type[SmlaError
     if not st.in_sync:
         raise error(f"cannot {what}: {describe(st)}", hint=st.advice())
     return st
+
+
+def require_at_pin(pin: Pin, tree: Path, what: str, error: type[SmlaError] = TreeStateError, *,
+                   during_rebase: bool = False) -> TreeInfo:
+    """The tree's TreeInfo when its upstream commit is the pin's; otherwise `error` (patches/ and the
+    pin belong together: applying or exporting the series on another base writes the wrong thing),
+    with the way out: rebuild the tree at the pin, saving its unexported work first when it has any."""
+    info = require_tree(tree, during_rebase=during_rebase)
+    err = pin_mismatch(pin, info, what, error)
+    if err is not None:
+        raise err
+    return info
+
+
+def pin_mismatch(pin: Pin, info: TreeInfo, what: str, error: type[SmlaError] = TreeStateError) -> SmlaError | None:
+    """require_at_pin's error (None when the tree is at the pin): `status` shows its hint."""
+    if info.upstream_commit == pin.commit:
+        return None
+    tree = info.path
+    t = str(tree)
+    rebuild = f"{cmd('smla', 'fetch', '--force')}, then {cmd('smla', 'apply')}"
+    if _unexported(tree):
+        saved = str(tree.parent / f"{tree.name}-saved-commits")
+        hint = (f"the tree holds work not in patches/: save its commits with "
+                f"{cmd('git', '-C', t, 'format-patch', '-o', saved, f'{BASE_TAG}..HEAD')} (commit any uncommitted "
+                f"change first), rebuild the tree at the pin with {cmd('smla', 'fetch', '--force', '--discard')}, "
+                f"then {cmd('smla', 'apply')}, and carry them over with "
+                f"`git -C {shlex.quote(t)} am -3 {shlex.quote(saved)}/*.patch`, then {cmd('smla', 'export')}")
+    else:
+        hint = f"rebuild the tree at the pin (it holds no work that patches/ lacks): {rebuild}"
+    return error(f"cannot {what}: work tree {tree} holds vLLM {info.version} ({info.upstream_commit[:12]}), "
+                 f"but the pin is {pin.version} ({pin.commit_label()}), and patches/ go with the pin", hint=hint)
+
+
+def _unexported(tree: Path) -> bool:
+    """Does the tree hold uncommitted changes, or commits above the base that no record explains?"""
+    rec = read_record(tree)
+    recorded = {e.get("commit") for e in rec["patches"]} if rec else set()
+    return bool(dirty_files(tree)) or any(c not in recorded for c, _ in commits_above_base(tree))
 
 
 def describe(st: State) -> str:

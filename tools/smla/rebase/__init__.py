@@ -25,12 +25,12 @@ from pathlib import Path
 
 from smla.apply import apply_series
 from smla.export import export as export_patches
-from smla import ids, proc, source, treeinfo, treestate
+from smla import ids, keep, proc, source, treeinfo, treestate
 from smla import pin as pin_mod
 from smla import series as series_mod
 from smla.errors import RebaseConflict, SmlaError, TreeStateError, UsageError, cmd
 from smla.project import Project
-from smla.rebase import replay, state as state_mod
+from smla.rebase import replay, resume, state as state_mod
 from smla.rebase import target as target_mod
 from smla.rebase.replay import WORK_BRANCH
 from smla.rebase.report import (  # noqa: F401  (text and RebaseResult: what the CLI and its tests take)
@@ -93,9 +93,11 @@ def start(
     tree = tree.absolute()
     if treeinfo.rebase_in_progress(tree):
         st = state_mod.load(tree)
+        how = "was interrupted" if resume.interrupted(st) else "is already in progress"
         raise TreeStateError(
-            f"a rebase onto {st['target']['spec']} is already in progress in {tree}",
-            hint="finish it with `smla rebase --continue`, or undo it with `smla rebase --abort`",
+            f"a rebase onto {st['target']['spec']} {how} in {tree}",
+            hint="finish it with `smla rebase --continue` (it picks up where it stopped), "
+                 "or undo it with `smla rebase --abort`",
         )
     kind, spec = target_mod.parse(onto, upstream_commit)
     old_pin = project.pin()
@@ -138,6 +140,7 @@ def start(
         "pin_before": state_mod.pin_dict(old_pin),
         "outcomes": [Outcome(p.name, p.subject).to_dict() for p in series.patches],
         "next": 0,
+        "at": new_base,  # where the step in flight starts (rebase/resume.py)
         "stop_head": None,
         "stops": [],
         "report": {"dir": _report_dir(report_dir), "name": report_name},
@@ -154,6 +157,13 @@ def continue_(project: Project, tree: Path, *, run_tests: bool = False, report_d
     tree = tree.absolute()
     state = state_mod.load(tree)
     _remember_report(state, report_dir, report_name)
+    if resume.am_aborted(tree, state):
+        name = resume.replay_stopped_patch_again(tree, state)
+        echo(f"`git am --abort` undid the merge of {name}; replaying it again (to drop it instead: "
+             f"{cmd('git', '-C', tree, 'am', '--skip')} at the stop, then `smla rebase --continue`)")
+    if resume.interrupted(state):  # Ctrl-C, SIGTERM or SIGKILL mid-step: redo that step
+        echo(resume.rewind(tree, state))
+        return _replay(project, tree, state, run_tests, echo)
     i = state["next"]
     out = Outcome.from_dict(state["outcomes"][i])
     if state_mod.am_in_progress(tree):
@@ -191,6 +201,7 @@ def continue_(project: Project, tree: Path, *, run_tests: bool = False, report_d
     state["outcomes"][i] = out.to_dict()
     state["next"] = i + 1
     state["stop_head"] = None
+    state["at"] = proc.git_out(tree, "rev-parse", "HEAD")
     state_mod.save(tree, state)
     echo(f"  {out.outcome:<10} {out.name}")
     return _replay(project, tree, state, run_tests, echo)
@@ -205,7 +216,7 @@ def abort(project: Project, tree: Path, *, report_dir: Path | None = None, repor
     if state_mod.am_in_progress(tree):
         proc.git(tree, "am", "--quit")
     proc.git(tree, "reset", "-q", "--hard")
-    proc.git(tree, "clean", "-fdq")
+    kept = _keep_untracked(tree, state["orig_head"])
     if state["orig_branch"]:
         proc.git(tree, "checkout", "-q", "-f", "-B", state["orig_branch"], state["orig_head"])
     else:
@@ -215,16 +226,40 @@ def abort(project: Project, tree: Path, *, report_dir: Path | None = None, repor
     proc.git(tree, "tag", "-f", treeinfo.BASE_TAG, state["orig_base"])
     for key, value in state["orig_config"].items():
         proc.git(tree, "config", key, value)
-    state_mod.restore_files(tree, Path(state["pin_file"]), Path(state["patches_dir"]), state["backup_files"])
+    kept += state_mod.restore_files(tree, Path(state["pin_file"]), Path(state["patches_dir"]),
+                                    state["backup_files"])
     state_mod.remove(tree)
     outs = [Outcome.from_dict(o) for o in state["outcomes"]]
     result = RebaseResult("aborted", str(tree), state["old"], state["old"], state["target"], outs,
-                          state["pin_before"], state["pin_before"], stops=state.get("stops", []))
+                          state["pin_before"], state["pin_before"], stops=state.get("stops", []), kept=kept)
     result.report_dir, result.report_name = state.get("report", {}).get("dir"), state.get("report", {}).get("name")
     return result
 
 
 _abort, _continue = abort, continue_  # for run(), whose flags carry these names
+
+
+def _keep_untracked(tree: Path, orig_head: str) -> list[str]:
+    """Untracked files made during the stop stay where they are (smla.keep); one that the original
+    branch tracks, where checking it out would overwrite it, is moved aside first. Lines naming each."""
+    out = proc.git(tree, "ls-files", "--others", "--exclude-standard", "-z").stdout
+    made = sorted(p for p in out.split("\0") if p)
+    if not made:
+        return []
+    tracked = set(proc.git(tree, "ls-tree", "-r", "--name-only", "-z", orig_head).stdout.split("\0"))
+    dirs = {d for t in tracked for d in _parents(t)}
+    kept = []
+    for rel in made:
+        if rel in tracked or rel in dirs or any(d in tracked for d in _parents(rel)):
+            kept.append(f"{tree / rel} was made during the rebase: kept as {keep.move_aside(tree / rel)}")
+        else:
+            kept.append(f"{tree / rel} was made during the rebase: kept (untracked)")
+    return kept
+
+
+def _parents(rel: str) -> list[str]:
+    parts = rel.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def _report_dir(d: Path | None) -> str | None:
@@ -253,6 +288,11 @@ def _replay(project: Project, tree: Path, state: dict, run_tests: bool, echo) ->
 def _finish(project: Project, tree: Path, state: dict, outs: list[Outcome], run_tests: bool, echo) -> RebaseResult:
     target = state["target"]
     commit_kind = target.get("commit_kind", pin_mod.FULL)
+    pin_file, patches_dir = Path(state["pin_file"]), Path(state["patches_dir"])
+    before = state["backup_files"]
+    # What was made or edited in patches/ during a stop is moved aside (and named) before the export.
+    kept = state_mod.keep_changes(tree, pin_file, patches_dir, before, move_new=True)
+    known = {keep.sha256(state_mod.backed_up_patch(tree, n).read_bytes()) for n in before}
     branch = state["orig_branch"] or treeinfo.BRANCH
     proc.git(tree, "checkout", "-q", "-B", branch)
     if branch != WORK_BRANCH:
@@ -260,9 +300,8 @@ def _finish(project: Project, tree: Path, state: dict, outs: list[Outcome], run_
     proc.git(tree, "tag", "-f", treeinfo.BASE_TAG, state["new_base"])
     _set_tree_config(tree, target["commit"], target["version"], target["source"])
 
-    patches_dir = Path(state["patches_dir"])
     if treeinfo.commits_above_base(tree):
-        exported = export_patches(tree, patches_dir, prune=True, during_rebase=True).to_dict()
+        exported = export_patches(tree, patches_dir, prune=True, during_rebase=True, known=known).to_dict()
     else:  # every patch is upstream now: an empty series
         for stale in patches_dir.glob("*.patch"):
             stale.unlink()
@@ -274,16 +313,20 @@ def _finish(project: Project, tree: Path, state: dict, outs: list[Outcome], run_
     rdiff = proc.git(tree, "range-diff", "--no-color", f"{state['orig_base']}..{state['orig_head']}",
                      f"{state['new_base']}..HEAD", check=False)
 
-    pin_file = Path(state["pin_file"])
     old_pin = pin_mod.load(pin_file)
     new_pin = old_pin.with_changes(commit=target["commit"], version=target["version"], sdist=target["sdist"],
                                    sdist_sha256=target["sdist_sha256"], commit_kind=commit_kind)
     pin_mod.save(pin_file, new_pin)
     new = {"base": state["new_base"], "upstream_commit": target["commit"], "version": target["version"],
            "source": target["source"], "commit_kind": commit_kind}
+    undo_dir = state_mod.keep_for_undo(tree)
     state_mod.remove(tree)
     state["new"] = new
     result = _result(state, outs, "clean")
+    result.kept = kept
+    smla_args = [] if tree == project.default_tree.absolute() else ["--tree", str(tree)]
+    result.undo = state_mod.undo_commands(project.root, pin_file, patches_dir, undo_dir, before,
+                                          [*exported["series"], series_mod.SERIES_FILE], smla_args)
     result.pin_after = state_mod.pin_dict(new_pin)
     result.export = exported
     result.range_diff = rdiff.stdout if rdiff.returncode == 0 else ""
@@ -357,12 +400,7 @@ def _prepare_tree(project: Project, pin: pin_mod.Pin, series, tree: Path, source
                         else "auto")
         echo(f"no work tree at {tree}: fetching the pinned vLLM {pin.version} first")
         info = source.fetch(pin, tree, fetch_source, echo=echo)
-    if info.upstream_commit != pin.commit:
-        raise TreeStateError(
-            f"work tree {tree} holds vLLM {info.version} ({info.upstream_commit[:12]}), not the pin's "
-            f"{pin.version} ({pin.commit_label()}); a rebase starts from the pinned base",
-            hint="run `smla fetch --force && smla apply` to rebuild the tree at the pin",
-        )
+    treestate.require_at_pin(pin, tree, "rebase (a rebase starts from the pinned base)")
     dirty = treeinfo.dirty_files(tree)
     if dirty:
         raise TreeStateError(

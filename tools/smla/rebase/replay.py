@@ -4,7 +4,7 @@ Each patch is classified (see rebase/report.py): a plain `git apply
 --check` decides unchanged/offsets; a patch that reverse-applies is
 upstream; otherwise `git am --3way` merges it (merged), finds nothing left
 (upstream) or stops on a conflict. The state is saved after every patch, so
-a stop can be resumed with `--continue`.
+a stop, or an interruption anywhere, can be resumed with `--continue`.
 """
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ WORK_BRANCH = "smla-rebase"
 
 
 def run(tree: Path, state: dict, echo) -> tuple[list[Outcome], Outcome | None]:
-    """Replay from state["next"]; (all outcomes, the conflicting one or None when all went in)."""
+    """Replay from state["next"]; (all outcomes, the conflicting one or None when all went in).
+
+    The state on disk names the step in flight at every moment: `next` and `at` (the HEAD it starts
+    from) are saved before a patch is tried, and again once it went in (rebase/resume.py)."""
     outs = [Outcome.from_dict(o) for o in state["outcomes"]]
     for i in range(state["next"], len(outs)):
         patch = series_mod.parse_patch(state_mod.backed_up_patch(tree, outs[i].name))
@@ -38,6 +41,7 @@ def run(tree: Path, state: dict, echo) -> tuple[list[Outcome], Outcome | None]:
             echo(f"  {out.outcome:<10} {out.name}: {', '.join(out.files)}")
             return outs, out
         state["next"] = i + 1
+        state["at"] = proc.git_out(tree, "rev-parse", "HEAD")  # where the next step starts (rebase/resume.py)
         state_mod.save(tree, state)
         echo(f"  {out.outcome:<10} {out.name}" + (f" ({'; '.join(out.offsets)})" if out.offsets else ""))
     return outs, None

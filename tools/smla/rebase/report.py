@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from smla import report
-from smla.errors import RebaseConflict, TestsFailed, cmd
+from smla.errors import RebaseConflict, SmlaError, TestsFailed, cmd
 from smla.treeinfo import PENDING  # the same state as apply's
 
 UNCHANGED = "unchanged"
@@ -66,6 +66,8 @@ class RebaseResult:
     range_diff: str = ""  # `git range-diff` old series vs new series (what the rebase changed in each patch)
     report_dir: str | None = None  # remembered from --onto, so --continue/--abort report there too
     report_name: str | None = None
+    kept: list[str] = field(default_factory=list)  # what was made or edited during a stop, kept (and where)
+    undo: list[str] = field(default_factory=list)  # a finished rebase: the commands that undo it, in order
 
     def to_dict(self) -> dict:
         return {
@@ -83,6 +85,8 @@ class RebaseResult:
             "tests": self.tests,
             "stops": self.stops,
             "range_diff": self.range_diff,
+            "kept": self.kept,
+            "undo": self.undo,
         }
 
     def counts(self) -> dict:
@@ -91,20 +95,26 @@ class RebaseResult:
             out[p.outcome] = out.get(p.outcome, 0) + 1
         return out
 
-    def raise_for_status(self) -> None:
-        """RebaseConflict when stopped on a conflict; TestsFailed when --test failed."""
+    def error(self) -> SmlaError | None:
+        """RebaseConflict when stopped on a conflict; TestsFailed when --test failed; else None."""
         if self.status == "conflict":
             stopped = next(p for p in self.patches if p.outcome == CONFLICT)
-            raise RebaseConflict(
+            return RebaseConflict(
                 f"rebase stopped: patch {stopped.name} conflicts in {', '.join(stopped.files) or '?'}",
                 hint=resolve_hint(Path(self.tree)),
             )
         if self.tests is not None and not self.tests["passed"]:
-            raise TestsFailed(
+            return TestsFailed(
                 f"the rebase succeeded, but the CPU suite failed against {self.tree} "
                 f"(exit {self.tests['returncode']})",
                 hint="see the test output above / in the report; fix the series in the tree and `smla export`",
             )
+        return None
+
+    def raise_for_status(self) -> None:
+        err = self.error()
+        if err is not None:
+            raise err
 
 
 def resolve_hint(tree: Path) -> str:
@@ -120,7 +130,8 @@ def text(r: RebaseResult) -> str:
     old, new = d["old_base"], d["new_base"]
     if r.status == "aborted":
         return (f"rebase onto {r.target['spec']} aborted: {r.tree} is back at {_label(old, None)} "
-                "with its original branch; pin file and patches/ restored byte for byte\n")
+                "with its original branch; pin file and patches/ restored byte for byte\n"
+                + "".join(f"kept: {k}\n" for k in r.kept))
     lines = [f"rebase {r.status}: {_label(old, None)} -> {_label(new, r.target)} in {r.tree}"]
     for p in r.patches:
         extra = []
@@ -145,6 +156,9 @@ def text(r: RebaseResult) -> str:
                                           for k, v in r.pin_after.items() if r.pin_before.get(k) != v))
     if r.tests:
         lines.append(f"tests: {'passed' if r.tests['passed'] else 'FAILED'} ({r.tests['command']})")
+    lines += [f"kept: {k}" for k in r.kept]
+    if r.undo:
+        lines.append("undo: " + ", then ".join(f"`{c}`" for c in r.undo))
     return "\n".join(lines) + "\n"
 
 

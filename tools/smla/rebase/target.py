@@ -21,7 +21,7 @@ from pathlib import Path
 
 from smla import cache, ids, proc, source
 from smla import pin as pin_mod
-from smla.errors import FetchError, UsageError
+from smla.errors import FetchError, UsageError, cmd
 
 VERSION_TARGET = re.compile(r"^[0-9]+(\.[0-9]+)+([a-z0-9.+-]*)$")  # a release, not a commit id
 
@@ -61,8 +61,8 @@ def older_than(target: Target, pin: pin_mod.Pin) -> str | None:
     except InvalidVersion:
         return None
     return (f"vLLM {target.version} is older than the pinned {pin.version}: this moves the series "
-            f"backwards (`smla rebase --abort` undoes a stopped rebase; a finished one is undone with "
-            f"`git checkout -- vllm-pin.txt patches/` and `smla fetch --force`)")
+            f"backwards (`smla rebase --abort` undoes a stopped rebase; a finished one prints the "
+            f"commands that undo it, `undo:`)")
 
 
 def parse(onto: str, upstream_commit: str | None) -> tuple[str, str]:
@@ -91,7 +91,12 @@ def bring_in(tree: Path, old_base: str, target: Target, echo) -> str:
     """Put the new base into the tree's repository (adds objects only); its commit id there."""
     if target.kind == "version":
         return _snapshot_base(tree, old_base, target, echo)
-    source.fetch_commit(tree, target.fetch_from, target.commit)
+    try:
+        source.fetch_commit(tree, target.fetch_from, target.commit)
+    except FetchError as exc:  # the default hint's `smla fetch --source PATH` would fetch the pin
+        exc.hint = (f"check network access to {cache.redact(target.fetch_from)}, or rebase from a local "
+                    f"mirror that holds the commit: {cmd('smla', 'rebase', '--onto', target.spec, '--source', 'PATH')}")
+        raise
     return target.commit
 
 

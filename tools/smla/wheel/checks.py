@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from wheel.wheelfile import WheelFile
 from smla import ids, proc, treestate
-from smla.errors import TreeStateError, WheelError
+from smla.errors import WheelError
 from smla.pin import Pin
 from smla.series import Series
-from smla.treeinfo import BASE_TAG, require_tree
+from smla.treeinfo import BASE_TAG
 from smla.wheel.label import VERSION_FILE, base_id
 from smla.wheel.official import BaseWheel, read_member
 
@@ -45,15 +45,8 @@ def tree_changes(tree: Path) -> list[Change]:
 
 
 def check_tree_at_pin(pin: Pin, tree: Path) -> None:
-    """The tree's upstream commit must be the pin's: the label names the pin's base."""
-    info = require_tree(tree)
-    if info.upstream_commit != pin.commit:
-        raise TreeStateError(
-            f"work tree {tree} holds vLLM {info.version} ({info.upstream_commit[:12]}), but the pin is "
-            f"{pin.version} ({pin.commit_label()}): a wheel labelled for the pin would hold other sources",
-            hint="rebuild the tree at the pin (`smla fetch --force` + `smla apply`), or finish the rebase "
-                 "that moves the pin",
-        )
+    """The tree's upstream commit must be the pin's: the label names the pin's base (treestate's one check)."""
+    treestate.require_at_pin(pin, tree, "build a wheel labelled for the pin (it would hold other sources)")
 
 
 def _recorded_commit(wf: WheelFile) -> str | None:
