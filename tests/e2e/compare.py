@@ -64,6 +64,7 @@ import numpy as np
 
 import nan_probe  # the probe's records in the engine logs (same folder)
 import prompt_lp_guard  # the guard's records in the engine logs
+import quant_probe  # 4-bit kernels and IndexCache layers in the probe
 import sm80_paths  # which kernels took their sm80 paths (engine logs)
 
 INDEX_TOPK = 2048
@@ -425,7 +426,8 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
                                       "pass2_gen_tok_per_s", "cudagraph_mode", "compilation_mode",
                                       "model_probe", "drafter_probe", "worker_cudagraphs", "versions", "metrics", "prompt_tokens",
                                       "generated_tokens")}
-        e.update(side=job["side"], backend_forced=job["backend"], env=job["env"],
+        e.update(side=job["side"], model=job["model"], indexer_calls=meta.get("indexer_calls"),
+                 backend_forced=job["backend"], env=job["env"],
                  kv_cache_dtype=job.get("kv_cache_dtype", "auto"), kv_cache=meta.get("kv_cache"),
                  force_mqa=bool(job.get("force_mqa")), sparse_mla_force_mqa=meta.get("sparse_mla_force_mqa"))
         probe = nan_probe.count_checks(nan_probe.read_records(res / job["name"] / "engine.log"))
@@ -468,6 +470,7 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
                                 + (", expected ['FLASHMLA_SPARSE'] for the fp8 cache" if fp8 else ""))
         if fp8:
             failures += _kv_failures(job["name"], meta)
+        failures += quant_probe.engine_failures(job, meta, quant_probe.model_config(job["model_dir"]))
         if job.get("force_mqa") and meta.get("sparse_mla_force_mqa") is False:  # None: not recorded
             failures.append(f"{job['name']}: attention_config.sparse_mla_force_mqa requested, "
                             "the engine's config says False")
@@ -484,11 +487,14 @@ def compare_all(jobs: list[dict], res: Path, bounds: dict) -> dict:
     by_name = {}
 
     def calib_of(job: dict, side: str, kv: str = "auto", mqa: bool = False) -> dict | None:
-        """The bf16 comparison of `side` (kv, all-MQA variant or not) of the model: same TP, else TP=1."""
-        for tp in (job["tp"], 1):
-            c = by_name.get(engine_name(tp, job["model"], "bfloat16", side, kv, mqa))
-            if c is not None:
-                return c
+        """The bf16 comparison of `side` (kv, all-MQA variant or not) of the model: same TP, else
+        TP=1; failing those, of the same base model in another checkpoint format
+        (quant_probe.siblings: the attention and indexer the bounds are about are the same)."""
+        for model in (job["model"], *quant_probe.siblings(job["model"])):
+            for tp in (job["tp"], 1):
+                c = by_name.get(engine_name(tp, model, "bfloat16", side, kv, mqa))
+                if c is not None:
+                    return c
         return None
 
     # ref2 first: its spread calibrates the bounds of `ours`; then the fp8 `ref`s (plain and
@@ -620,6 +626,7 @@ def write_report(s: dict) -> str:
             if tf.get("ref_nan_at"):
                 line += f"; non-finite in the reference: {tf['ref_nan']} at {tf['ref_nan_at'][:16]}"
             out.append(line)
+    out += quant_probe.report_lines(s)
     kv_rows = [(n, e) for n, e in s["engines"].items() if e.get("kv_cache")]
     if kv_rows:
         out += ["", "| KV cache | dtype requested | dtype used (config / layers) | GPU KV cache tokens | "

@@ -294,7 +294,8 @@ def install_sm80_paths(environ=os.environ) -> str | None:
 
 
 def register() -> None:
-    """Entry point: register the `e2e_dummy` load format (idempotent); with
+    """Entry point: register the `e2e_dummy` load format (idempotent); the sparse-indexer op's
+    per-layer call counter (quant_probe.py); with
     SMLA_E2E_DSV4_O_PROJ=bf16, the DeepSeek-V4 output-projection override; with
     SMLA_E2E_NAN_CHECK=1, the DeepSeek-V4 NaN probe; with SMLA_E2E_PROMPT_LP_GUARD=1, the
     prompt-logprob guard; with SMLA_E2E_SM80_PATHS=1, the kernels' sm80/86 paths."""
@@ -305,6 +306,9 @@ def register() -> None:
     install_nan_probe()
     install_prompt_lp_guard()
     install_sm80_paths()
+    import quant_probe
+
+    quant_probe.install_indexer_counter(_patch_now_or_after_import)
     from vllm.model_executor.model_loader import register_model_loader
     from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
 
@@ -321,7 +325,7 @@ def register() -> None:
 
 def describe_model(model) -> dict:
     """Which attention / indexer implementations and KV cache dtype the loaded model really
-    uses (run in workers)."""
+    uses, its linear and MoE kernels, and its layers' indexers (run in workers)."""
     impls, backends, indexers, kv_dtypes = set(), set(), set(), set()
     for _, mod in model.named_modules():
         impl = getattr(mod, "impl", None)
@@ -340,11 +344,15 @@ def describe_model(model) -> dict:
         logits = list(select_sparse_indexer_logits())
     except ImportError:
         logits = ["deepgemm", "pristine vLLM: DeepGEMM is the only CUDA indexer"]
+    import quant_probe
     import sm80_paths
 
     out = {"attention_impls": sorted(impls), "attention_backends": sorted(backends),
            "indexer_modules": sorted(indexers), "indexer_logits": logits, "parameters": n_params,
-           "kv_cache_dtypes": sorted(kv_dtypes), "kernel_capability": sm80_paths.worker_view()}
+           "kv_cache_dtypes": sorted(kv_dtypes), "kernel_capability": sm80_paths.worker_view(),
+           # linear / MoE kernels by role, each MLA layer's indexer and skip_topk (quant_probe.py)
+           "quant": quant_probe.describe_quant(model),
+           "indexer_layers": quant_probe.describe_indexer_layers(model)}
     dsv4 = describe_dsv4(model)
     if dsv4 is not None:
         # DeepSeek-V4 builds its attention outside vLLM's Attention layers: report its

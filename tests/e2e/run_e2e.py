@@ -60,11 +60,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from compare import V4_MODELS, engine_name  # noqa: E402  (one naming rule for both modules)
 import prompt_lp_guard  # noqa: E402
+import quant_probe  # noqa: E402
 import sm80_paths  # noqa: E402
 
 MODELS = {"deepseek-v32-tiny": HERE / "models" / "deepseek-v32-tiny",
           "glm5-tiny": HERE / "models" / "glm5-tiny",
-          "deepseek-v4-tiny": HERE / "models" / "deepseek-v4-tiny"}
+          "deepseek-v4-tiny": HERE / "models" / "deepseek-v4-tiny",
+          # GLM-5.2's IndexCache (index_topk_freq / index_skip_topk_offset), e2e_dummy weights
+          "glm52-tiny": HERE / "models" / "glm52-tiny"}
+# 4-bit checkpoints (AWQ, GPTQ) of the tiny DeepSeek-V3.2 / GLM-5, generated on the machine by
+# models/dsa-4bit/make_checkpoint.py like DeepSeek-V4's (README "4-bit checkpoints")
+MODELS.update({name: HERE / "models" / "dsa-4bit" for name in quant_probe.FOURBIT})
 # --models default: the DSA models of the first runs (their commands in README keep meaning
 # what they meant); DeepSeek-V4 is asked for by name.
 DEFAULT_MODELS = ["deepseek-v32-tiny", "glm5-tiny"]
@@ -207,6 +213,11 @@ def is_v4(model: str) -> bool:
     return model in V4_MODELS
 
 
+def is_generated(model: str) -> bool:
+    """A model whose engines load a checkpoint generated on the machine (load_format auto)."""
+    return is_v4(model) or model in quant_probe.FOURBIT
+
+
 def v4_engine_kwargs(spec: dict) -> dict:
     """vllm.LLM(...) arguments of a DeepSeek-V4 engine: the generated checkpoint (load_format
     "auto"), bf16, the fp8 cache, the same workload settings as the other models (chunked
@@ -246,6 +257,8 @@ def _dsa_engine_kwargs(spec: dict) -> dict:
         kwargs["attention_config"] = att
     if spec.get("kv_cache_dtype", "auto") != "auto":
         kwargs["kv_cache_dtype"] = spec["kv_cache_dtype"]
+    if spec.get("load_format"):  # a generated checkpoint (4-bit models)
+        kwargs["load_format"] = spec["load_format"]
     if spec["backend"]:
         # the MTP drafter selects its own backend (SpeculativeConfig.attention_backend,
         # auto = FLASH_ATTN_MLA_SPARSE on sm90) unless told: same kernel as the target.
@@ -317,6 +330,7 @@ def engine_main(spec: dict, result_dir: str) -> None:
         outs = llm.generate(inputs, SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0, logprobs=2,
                                                    ignore_eos=True), use_tqdm=False)
         meta["pass2_s"] = time.perf_counter() - t
+        meta["indexer_calls"] = llm.collective_rpc(quant_probe.worker_indexer_calls)
         gen_ids = np.zeros((len(prompts), GEN_TOKENS), np.int32)
         gen_top = np.zeros((len(prompts), GEN_TOKENS, 2), np.int32)
         gen_lp = np.full((len(prompts), GEN_TOKENS, 2), np.nan, np.float32)
@@ -435,6 +449,7 @@ def build_jobs(args) -> list[dict]:
                 "NVSHMEM_DISABLE_NVLS": "1", "PYTHONUNBUFFERED": "1"}
     if getattr(args, "prompt_lp_guard", True):
         base_env[prompt_lp_guard.GUARD_ENV] = "1"
+    base_env.update(kv.split("=", 1) for kv in getattr(args, "engine_env", None) or [])
     jobs = []
     for tp in args.tp:
         for model in args.models:
@@ -446,8 +461,11 @@ def build_jobs(args) -> list[dict]:
                     for side in sides_for(dtype, kv, args.sides):
                         side_env = ours_env if side == "ours" else {INDEXER_SWITCH: "deepgemm"}
                         for mqa in mqa_variants(dtype, kv, side):
+                            model_dir = (Path(getattr(args, "v4_checkpoints", V4_CHECKPOINTS)) / model
+                                         if is_generated(model) else MODELS[model])
                             jobs.append({"name": engine_name(tp, model, dtype, side, kv, mqa), "model": model,
-                                         "model_dir": str(MODELS[model]), "dtype": dtype, "side": side,
+                                         "model_dir": str(model_dir), "dtype": dtype, "side": side,
+                                         "load_format": "auto" if is_generated(model) else None,
                                          "tp": tp, "kv_cache_dtype": kv, "mqa": mqa,
                                          "backend": side_backend(side, kv, args.ref_backend),
                                          "env": dict(base_env, **side_env),
@@ -472,15 +490,31 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _generator_inputs(model: str) -> list[Path]:
+    """The files a generated checkpoint depends on: the generator and the config it reads."""
+    d = MODELS[model]
+    if model in quant_probe.FOURBIT:
+        return [d / "make_checkpoint.py", HERE / "models" / quant_probe.FOURBIT[model][0] / "config.json"]
+    return [d / "make_checkpoint.py", d / "config.json"]
+
+
+def generator_command(model: str, out: Path, python: str = sys.executable) -> list[str]:
+    """The command that writes the model's checkpoint into out."""
+    cmd = [python, str(MODELS[model] / "make_checkpoint.py"), str(out)]
+    if model in quant_probe.FOURBIT:
+        base, fmt = quant_probe.FOURBIT[model]
+        cmd += ["--base", base, "--format", fmt]
+    return cmd
+
+
 def checkpoint_key(model: str) -> str:
-    """What the generated checkpoint depends on: the generator and the config (the seed and
-    the expert format are the generator's defaults)."""
+    """What the generated checkpoint depends on: the model name, the generator and the config
+    (the seed and, for V4, the expert format are the generator's defaults)."""
     import hashlib
 
-    d = MODELS[model]
-    h = hashlib.sha256()
-    for f in ("make_checkpoint.py", "config.json"):
-        h.update(f.encode() + b"\0" + (d / f).read_bytes())
+    h = hashlib.sha256(model.encode() + b"\0")
+    for f in _generator_inputs(model):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -506,8 +540,7 @@ def ensure_checkpoint(model: str, root: Path, python: str = sys.executable) -> d
     t = time.perf_counter()
     import subprocess
 
-    proc = subprocess.run([python, str(MODELS[model] / "make_checkpoint.py"), str(out)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(generator_command(model, out, python), capture_output=True, text=True)
     gen_s = time.perf_counter() - t
     if proc.returncode != 0:
         raise RuntimeError(f"make_checkpoint.py failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -521,12 +554,18 @@ def ensure_checkpoint(model: str, root: Path, python: str = sys.executable) -> d
 
 
 def prepare_checkpoints(jobs: list[dict], root: Path) -> tuple[dict, list[str]]:
-    """ensure_checkpoint for every generated-checkpoint model among the jobs; a model whose
-    checkpoint cannot be made fails its engines (named in the returned errors), not the run."""
+    """ensure_checkpoint for every generated-checkpoint model among the jobs, all at once (one
+    generator process each); a model whose checkpoint cannot be made fails its engines (named
+    in the returned errors), not the run."""
+    from concurrent.futures import ThreadPoolExecutor
+
     done, errors = {}, []
-    for model in dict.fromkeys(j["model"] for j in jobs if is_v4(j["model"])):
+    models = list(dict.fromkeys(j["model"] for j in jobs if is_generated(j["model"])))
+    with ThreadPoolExecutor(max_workers=max(1, len(models))) as pool:  # one generator process each
+        futures = {m: pool.submit(ensure_checkpoint, m, root) for m in models}
+    for model, fut in futures.items():
         try:
-            done[model] = ensure_checkpoint(model, root)
+            done[model] = fut.result()
             print(f"checkpoint {model}: {done[model]['dir']} "
                   + ("reused" if done[model]["cached"] else f"generated in {done[model]['generate_s']} s"),
                   flush=True)
@@ -555,7 +594,8 @@ def estimate(jobs: list[dict], parallel: int, checkpoint_cached: bool = False) -
     waves = [jobs[i:i + parallel] for i in range(0, len(jobs), parallel)] if jobs else []
     per = [max((ESTIMATE["v4_start_s"] + ESTIMATE["v4_passes_s"]) if is_v4(j["model"])
                else (ESTIMATE["dsa_start_s"] + ESTIMATE["dsa_passes_s"]) for j in w) for w in waves]
-    ckpt = 0 if checkpoint_cached or not any(is_v4(j["model"]) for j in jobs) else ESTIMATE["checkpoint_s"]
+    # generated in parallel (prepare_checkpoints): one generation's time
+    ckpt = 0 if checkpoint_cached or not any(is_generated(j["model"]) for j in jobs) else ESTIMATE["checkpoint_s"]
     total = ESTIMATE["install_s"] + ckpt + sum(per) + ESTIMATE["compare_s"]
     slowest = max(per, default=0)
     return {"engines": len(jobs), "waves": len(waves), "wave_s": per, "checkpoint_s": ckpt,
@@ -613,7 +653,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--results", type=Path, default=Path("/tmp/smla-e2e/results"),
                     help="raw per-engine arrays and logs (large; stays on the machine)")
     ap.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=list(MODELS),
-                    help="default: the DSA models (DeepSeek-V3.2, GLM-5); deepseek-v4-tiny on request")
+                    help="default: the DSA models (DeepSeek-V3.2, GLM-5); deepseek-v4-tiny, the 4-bit "
+                         "checkpoints (*-awq, *-gptq) and glm52-tiny (IndexCache) on request")
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
     ap.add_argument("--sides", nargs="+", default=["ref", "ours"], choices=["ref", "ref2", "ref-o16", "ours"],
                     help="ref-o16: DeepSeek-V4 only (the upstream engine with the bf16 output projection)")
@@ -623,6 +664,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "fp8 engines are named tpN-model-dtype-fp8kv-side")
     ap.add_argument("--ours-env", action="append", default=None, metavar="NAME=VALUE",
                     help=f"environment of the `ours` engines (default {INDEXER_SWITCH}=triton)")
+    ap.add_argument("--engine-env", action="append", default=None, metavar="NAME=VALUE",
+                    help="environment of every engine, all sides (e.g. VLLM_DISABLED_KERNELS="
+                         "MacheteLinearKernel: 4-bit linear layers on Marlin on sm90, as on sm80-sm89 "
+                         "and sm120, README \"4-bit checkpoints\")")
     ap.add_argument("--ref-backend", default=REF_BACKEND,
                     help="attention backend of the kv-auto `ref`; 'auto' = vLLM's own selection "
                          "(the fp8 `ref` always uses vLLM's own selection)")
@@ -651,7 +696,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(recorded); 'complete' = also TileLang mHC and the CuTe DSL compressor required "
                          "(pristine 0.26.0's whole path; needs tilelang and nvidia-cutlass-dsl installed)")
     ap.add_argument("--v4-checkpoints", type=Path, default=V4_CHECKPOINTS,
-                    help="where DeepSeek-V4's generated checkpoint is made and reused")
+                    help="where the generated checkpoints (DeepSeek-V4, the 4-bit models) are made and reused")
     ap.add_argument("--ours-sm80-paths", action="store_true",
                     help="DeepSeek-V4 `ours`: the series' kernels take their sm80/86 code paths "
                          "(software e4m3, indexer without fp8 tensor cores) on this GPU "
