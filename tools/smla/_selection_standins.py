@@ -76,13 +76,29 @@ def _raiser(name: str):
     return f
 
 
+class _MLAPagedWrapper:
+    """flashinfer.mla.BatchMLAPagedAttentionWrapper as vLLM 0.33.0's pin (flashinfer-python 0.7.2.post1)
+    has it: vLLM probes run()'s keyword-only `ckv_scale_arr` (FlashInfer >= 0.6.18, has_flashinfer_sm90_nope_mla)."""
+
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("flashinfer.mla.BatchMLAPagedAttentionWrapper is a selection-harness stand-in")
+
+    def run(self, *args, ckv_scale_arr=None, **kwargs):
+        raise RuntimeError("flashinfer.mla.BatchMLAPagedAttentionWrapper.run is a selection-harness stand-in")
+
+
+# FlashInfer APIs whose signature vLLM inspects (not only that they exist): served as written above.
+_FLASHINFER_APIS = {"flashinfer.mla.BatchMLAPagedAttentionWrapper": _MLAPagedWrapper}
+
+
 class _AnyAttrModule(types.ModuleType):
-    """Stand-in package: any public attribute is a function that raises."""
+    """Stand-in package: any public attribute is a function that raises (or, for the few APIs vLLM
+    inspects, the stand-in class in _FLASHINFER_APIS)."""
 
     def __getattr__(self, attr: str):
         if attr.startswith("__"):
             raise AttributeError(attr)
-        fn = _raiser(f"{self.__name__}.{attr}")
+        fn = _FLASHINFER_APIS.get(f"{self.__name__}.{attr}") or _raiser(f"{self.__name__}.{attr}")
         setattr(self, attr, fn)
         return fn
 
