@@ -14,6 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+import lineproofs
+
 FILES = ["tests/kernels/test_deepseek_v4_attn_selection.py",
          "tests/kernels/test_deepseek_v4_cutedsl_fallback.py",
          "tests/kernels/test_deepseek_v4_mhc_portable.py",
@@ -64,3 +68,20 @@ def test_v4_ops_stay_eager_breaks_when_imported_before_the_config_enables_them(v
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got == {"attention_imported": True, "indexer_imported": True, "attention_impl_breaks": True,
                    "indexer_op_breaks": True, "breakable_env": None}, got
+
+
+# tests/lines/<line>/v4/: the line's own DeepSeek-V4 CPU proof (what the tests above check on 0.26.0,
+# for 0.33.0's V4 code), and the least number of tests each file must pass.
+LINE_PROOFS = {
+    "0.33.0": [("v4", "test_tree_v4_tests_cpu.py", 1),               # the tree's V4 vLLM-style tests
+               ("v4", "test_v4_triton_fp8_interp.py", 14),            # e4m3 ops, compressor without CuTe DSL
+               ("v4", "test_v4_triton_attention_kernel_interp.py", 9),  # the V4 Triton attention kernels
+               ("v4", "test_v4_attention_class_interp.py", 13),        # forward_mqa on a mixed batch
+               ("v4", "test_v4_import_without_triton.py", 2),
+               ("v4", "test_v4_tiny_checkpoint_config.py", 1)],        # the tiny checkpoint's config on 0.33.0
+}
+
+
+@pytest.mark.parametrize("case", lineproofs.cases(LINE_PROOFS, "its V4 CPU tests are the ones above"))
+def test_line_v4_proof(vllm_tree, case):
+    lineproofs.check(case, vllm_tree, pristine=True)
