@@ -266,17 +266,18 @@ def selection_table(trees, preset: str) -> list[str]:
     return out
 
 
-def test_readme_selection_table(trees, update_docs):
-    """README.md's selection table is what vLLM's own selector answers (GLM-5 and DeepSeek-V3.2 alike)."""
+def test_docs_selection_table(trees, update_docs):
+    """docs/proof.md's selection table of the line under test is what vLLM's own selector answers
+    (GLM-5 and DeepSeek-V3.2 alike)."""
     import doctext
     from gitfixtures import REPO_ROOT
 
     tables = {p: selection_table(trees, p) for p in S.PRESETS}
     first = next(iter(tables.values()))
-    assert all(t == first for t in tables.values()), "the README says both presets give one table"
-    readme = REPO_ROOT / "README.md"
-    doctext.check_or_update(readme, "the selection table", doctext.section(readme, "selection table"), first,
-                            update_docs, lambda: doctext.write_section(readme, "selection table", first))
+    assert all(t == first for t in tables.values()), "docs/proof.md says both presets give one table"
+    doc, name = REPO_ROOT / "docs" / "proof.md", f"selection table {current_line()}"
+    doctext.check_or_update(doc, f"the {name}", doctext.section(doc, name), first,
+                            update_docs, lambda: doctext.write_section(doc, name, first))
 
 
 # --------------------------------------------------------------------------- DeepSeek-V4
@@ -417,15 +418,15 @@ def dsv4_selection_table(trees) -> list[str]:
 
 
 @needs_v4_env
-def test_readme_dsv4_selection_table(trees, update_docs):
-    """README.md's DeepSeek-V4 table is what both trees' own functions answer."""
+def test_docs_dsv4_selection_table(trees, update_docs):
+    """docs/proof.md's DeepSeek-V4 table of the line under test is what both trees' own functions answer."""
     import doctext
     from gitfixtures import REPO_ROOT
 
     table = dsv4_selection_table(trees)
-    readme = REPO_ROOT / "README.md"
-    doctext.check_or_update(readme, "the DeepSeek-V4 selection table", doctext.section(readme, "dsv4 selection table"),
-                            table, update_docs, lambda: doctext.write_section(readme, "dsv4 selection table", table))
+    doc, name = REPO_ROOT / "docs" / "proof.md", f"dsv4 selection table {current_line()}"
+    doctext.check_or_update(doc, f"the DeepSeek-V4 {name}", doctext.section(doc, name),
+                            table, update_docs, lambda: doctext.write_section(doc, name, table))
 
 
 # ------------------------------------------------------------------ the line's own selection proofs
