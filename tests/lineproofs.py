@@ -43,7 +43,7 @@ def run_line_proof(group: str, tree: Path, pristine: Path | None, *args: str,
                SMLA_STANDINS=str(REPO_ROOT / "tools" / "smla" / "_selection_standins.py"),
                SMLA_TEST_REFS=str(REPO_ROOT / "tests"),
                # the names each group's proof reads its patched tree from
-               SMLA_033_TREE=tree, PORT_IDX_TREE=tree, VLLM_TREE=tree,
+               SMLA_033_TREE=tree, PORT_IDX_TREE=tree, VLLM_TREE=tree, VLLM_COMBO_TREE=tree,
                PYTHONPATH=os.pathsep.join([str(d), str(REPO_ROOT / "tests")]))
     if pristine is not None:
         env["SMLA_033_PRISTINE"] = env["VLLM_PRISTINE_TREE"] = str(pristine)

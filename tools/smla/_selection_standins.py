@@ -34,7 +34,10 @@ compute capability":
   package makes any submodule importable and any public attribute a
   function that raises if called; dunder lookups fail as usual.
 - No CUDA device: CUDA tensor factories at import time give "meta" tensors,
-  and torch.cuda.get_device_properties returns a stand-in (132 SMs).
+  and torch.cuda.get_device_properties returns a stand-in (132 SMs);
+  torch.accelerator.empty_cache does nothing (torch's CPU build raises
+  without an accelerator, where a CUDA build returns; vLLM 0.33.0's
+  workspace manager calls it when it grows).
 - Platform: vllm.platforms.current_platform resolves to CudaPlatform and
   get_device_capability returns the cell's capability; get_device_name (only
   reached by _resolve_auto_dtype's fallback warning) returns a stand-in name.
@@ -188,7 +191,7 @@ class _PlatformHook(importlib.abc.MetaPathFinder):
 
 _FINDER: _StandInFinder | None = None
 _CUDA_NOTE = ("no CUDA device: cuda tensor factories -> meta tensors, "
-              "torch.cuda.get_device_properties stand-in")
+              "torch.cuda.get_device_properties stand-in, torch.accelerator.empty_cache no-op")
 
 
 def install_stand_ins(tree: str | os.PathLike, cuda_platform: bool = False) -> _StandInFinder:
@@ -235,6 +238,9 @@ def install_stand_ins(tree: str | os.PathLike, cuda_platform: bool = False) -> _
             is_integrated = False
 
         torch.cuda.get_device_properties = lambda *a, **k: _Props()
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None and accelerator.current_accelerator() is None:
+            accelerator.empty_cache = lambda: None
         finder._note(_CUDA_NOTE)
     return finder
 

@@ -18,7 +18,9 @@ Stand-ins beyond the harness's, all listed here:
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import types
 import sys
 from pathlib import Path
 
@@ -45,3 +47,23 @@ import vllm.model_executor.layers.quantization.utils.w8a8_utils  # noqa: E402,F4
 
 for _n, _f in _saved.items():
     setattr(_custom_ops, _n, _f)
+
+# Stand-in added in the toolkit (not in the port's proof): CuTe DSL (nvidia-cutlass-dsl, a CUDA
+# requirement of vLLM 0.33.0, about 0.5 GB) is not installed for the CPU suite. On a CUDA platform
+# fused_q imports its CuTe DSL module only to ask is_fused_q_cutedsl_supported, which is False below
+# sm100 whatever the tensors; the stand-in answers that and raises where the real module would be asked.
+if importlib.util.find_spec("cutlass") is None:
+    def _cutedsl_supported(*args, **kwargs):
+        from vllm.platforms import current_platform
+
+        if current_platform.has_device_capability(100):
+            raise RuntimeError("CuTe DSL is not installed: the sm100+ fused_q check needs it")
+        return False
+
+    def _cutedsl_missing(*args, **kwargs):
+        raise RuntimeError("CuTe DSL is not installed (stand-in)")
+
+    _cutedsl = types.ModuleType("vllm.models.deepseek_v32.nvidia.ops.fused_q_cutedsl")
+    _cutedsl.is_fused_q_cutedsl_supported = _cutedsl_supported
+    _cutedsl.fused_q_cutedsl = _cutedsl_missing
+    sys.modules[_cutedsl.__name__] = _cutedsl
