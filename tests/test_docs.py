@@ -57,10 +57,10 @@ def _is_explain(step: doctext.Step) -> bool:
 # --------------------------------------------------------------------------- generated tables
 
 
-def series_table() -> list[str]:
-    """docs/series.md's table: every patch of patches/series, its Subject and the files it changes."""
+def series_table(line: str) -> list[str]:
+    """docs/series.md's table of one line: every patch of its series, its Subject and the files it changes."""
     rows = ["| # | patch | what (its Subject) | files |", "|---|---|---|---|"]
-    for i, p in enumerate(series.load(line_dir() / "patches").patches, 1):
+    for i, p in enumerate(series.load(REPO_ROOT / "lines" / line / "patches").patches, 1):
         files = ", ".join(f"`{f}`" for f in p.files)
         subject = p.subject.replace("|", "\\|")
         rows.append(f"| {i} | `{p.name}` | {subject} | {files} |")
@@ -68,9 +68,12 @@ def series_table() -> list[str]:
 
 
 def test_series_table_is_patches_series(update_docs):
+    """One table per line in lines/, each its series."""
     path = DOCS / "series.md"
-    doctext.check_or_update(path, "the series table", doctext.section(path, "series table"), series_table(),
-                            update_docs, lambda: doctext.write_section(path, "series table", series_table()))
+    for line in sorted(p.parent.parent.name for p in (REPO_ROOT / "lines").glob("*/patches/series")):
+        name, table = f"series table {line}", series_table(line)
+        doctext.check_or_update(path, f"the {name}", doctext.section(path, name), table,
+                                update_docs, lambda: doctext.write_section(path, name, table))
 
 
 def _prose(path: Path) -> list[tuple[int, str]]:
@@ -81,9 +84,9 @@ def _prose(path: Path) -> list[tuple[int, str]]:
         skip.update(range(t.start, t.end))
     inside = False
     for i, line in enumerate(lines):
-        if re.match(r"^<!-- [\w ]+: generated .*-->$", line):
+        if re.match(r"^<!-- [\w .]+: generated .*-->$", line):
             inside = True
-        elif re.match(r"^<!-- end of [\w ]+ -->$", line):
+        elif re.match(r"^<!-- end of [\w .]+ -->$", line):
             inside = False
         elif inside:
             skip.add(i)
