@@ -87,3 +87,22 @@ def replaced_on(**by_line: str):
     line = current_line()
     reason = by_line.get("v" + line.replace(".", "_"))
     return pytest.mark.skipif(reason is not None, reason=f"line {line}: {reason}")
+
+
+def v4_by_env() -> bool:
+    """Whether the line's series switches DeepSeek-V4's kernels by VLLM_DSV4_PORTABLE (the 0.26.0
+    line's vllm/envs.py), which smla explain's V4 query asks; 0.33.0's series uses
+    KernelConfig.deepseek_v4_kernels instead. True without a tree (collection for test-fast)."""
+    from conftest import default_tree
+
+    envs = default_tree() / "vllm" / "envs.py"
+    return not envs.is_file() or "VLLM_DSV4_PORTABLE" in envs.read_text()
+
+
+def needs_v4_env(what: str):
+    """Skip mark for tests of smla's DeepSeek-V4 query on a line whose series has no VLLM_DSV4_PORTABLE."""
+    line = current_line()
+    return pytest.mark.skipif(
+        not v4_by_env(), reason=f"line {line} has no VLLM_DSV4_PORTABLE (its series: KernelConfig."
+                                f"deepseek_v4_kernels), which {what} asks; tests/lines/{line}/v4/"
+                                "test_v4_selection_pristine_vs_patched.py checks its V4 selection")

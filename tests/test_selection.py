@@ -53,7 +53,7 @@ import pytest
 
 import lineproofs
 import smla.selection as S
-from conftest import current_line, default_tree
+from conftest import current_line
 from smla import explain
 
 OURS = "TRITON_MLA_SPARSE"
@@ -89,15 +89,10 @@ EXPLICIT_CELLS = S.matrix_cells(backend=OURS) + [
 DSV4 = "deepseek-v4"
 DSV4_CELLS = explain.matrix_cells(DSV4)
 DSV4_EXPLICIT_CELLS = explain.matrix_cells(DSV4, backend=OURS)
-# The DSV4 cells ask the 0.26.0 line's switch, VLLM_DSV4_PORTABLE (the series' vllm/envs.py). A line
-# whose series chooses DeepSeek-V4's kernels otherwise (0.33.0: KernelConfig.deepseek_v4_kernels) has
-# its own check, run by test_line_selection_proof below.
-_ENVS_PY = default_tree() / "vllm" / "envs.py"
-V4_BY_ENV = not _ENVS_PY.is_file() or "VLLM_DSV4_PORTABLE" in _ENVS_PY.read_text()
-needs_v4_env = pytest.mark.skipif(
-    not V4_BY_ENV, reason=f"line {current_line()} has no VLLM_DSV4_PORTABLE: its DeepSeek-V4 selection "
-                          f"(KernelConfig.deepseek_v4_kernels) is tests/lines/{current_line()}/v4/"
-                          "test_v4_selection_pristine_vs_patched.py, run by test_line_selection_proof")
+# The DSV4 cells ask the 0.26.0 line's switch, VLLM_DSV4_PORTABLE; a line whose series chooses
+# DeepSeek-V4's kernels otherwise (0.33.0) has its own check, run by test_line_selection_proof below.
+V4_BY_ENV = lineproofs.v4_by_env()
+needs_v4_env = lineproofs.needs_v4_env("smla's DeepSeek-V4 selection query")
 
 
 @pytest.fixture(scope="module")
