@@ -99,13 +99,13 @@ test-fast: $(STAMP)
 	$(PYTEST) -m "not gpu and not slow" $(PYTEST_ARGS)
 
 # The transcripts in docs/ and the generated tables (docs/proof.md's selection table of every line,
-# docs/series.md) from real output; `make test` fails while they differ. The selection tables come
-# from each line's trees (VLLM given: that line's only), in that line's Python.
+# docs/series.md) from real output; `make test` fails while they differ. Run on each line (VLLM given:
+# that line only), in its Python: the selection tables come from each line's trees, docs/explain.md's
+# transcripts from the 0.26.0 line's.
 docs: $(STAMP) $(foreach l,$(TEST_LINES),$(call line_venv,$(l))/.installed)
 	@set -e; for l in $(TEST_LINES); do $(BIN)/smla --line $$l patch $(ARGS); \
 	  py=$$(if [ -f requirements/line-$$l.txt ]; then echo .venv-$$l; else echo $(VENV); fi)/bin/python; \
-	  SMLA_LINE=$$l $$py -m pytest tests/test_selection.py -k docs --update-docs $(PYTEST_ARGS); done
-	$(LINE_VENV)/bin/python -m pytest tests/test_docs.py -k "docs or readme" --update-docs $(PYTEST_ARGS)
+	  SMLA_LINE=$$l $$py -m pytest tests/test_docs.py tests/test_selection.py -k "docs or readme" --update-docs $(PYTEST_ARGS); done
 
 # tests/gpu only: the CPU kernel tests set TRITON_INTERPRET=1 for their whole process.
 test-gpu: patch
