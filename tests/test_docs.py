@@ -216,10 +216,15 @@ def test_session_transcripts_are_real_output(tmp_path, update_docs):
         sessions += 1
         root = tmp_path / f"session-{sessions}" / "vllm-sparse-mla"
         shutil.copytree(REPO_ROOT / "lines", root / "lines")
+        # A session whose commands name one line's paths (work/<release>/, lines/<release>/) runs on
+        # that line ($SMLA_LINE), whichever line is the newest; else on the default, the newest.
+        named = set(re.findall(r"\b(?:work|lines)/(\d+\.\d+\.\d+)/",
+                               "\n".join(step.command for _, t in found for step in t.steps)))
+        session_env = dict(env, SMLA_LINE=named.pop()) if len(named) == 1 else env
         outputs = []
         for _, t in found:
             for step in t.steps:
-                res = subprocess.run(["bash", "-c", step.command], cwd=root, env=env, stdout=subprocess.PIPE,
+                res = subprocess.run(["bash", "-c", step.command], cwd=root, env=session_env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, timeout=900)
                 outputs.append(res.stdout)
         _check(found, iter(outputs), [(root, SHOWN_ROOT), (cache_dir(), SHOWN_CACHE)], update_docs)
