@@ -39,7 +39,7 @@ def run_line_proof(group: str, tree: Path, pristine: Path | None, *args: str,
     ({"passed": n, ...}) after asserting the run succeeded."""
     d = proof_dir(group)
     tree = str(Path(tree).resolve())
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR",
+    env = dict(os.environ,
                SMLA_STANDINS=str(REPO_ROOT / "tools" / "smla" / "_selection_standins.py"),
                SMLA_TEST_REFS=str(REPO_ROOT / "tests"),
                # the names each group's proof reads its patched tree from
