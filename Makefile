@@ -1,5 +1,6 @@
 # Entry points for users and CI. Everything runs inside .venv, which this
-# Makefile creates and fills from pinned requirements: nothing by hand.
+# Makefile creates and fills from pinned requirements: nothing by hand. A line whose vLLM pins
+# another Triton has requirements/line-<release>.txt and its own venv, .venv-<release> (below).
 PY       ?= python3
 VENV     := .venv
 BIN      := $(VENV)/bin
@@ -17,6 +18,14 @@ SMLA     := $(BIN)/smla --line $(VLLM)
 # make test: VLLM given -> that line; else every line (the full suite on the newest, the line tests
 # on each older one; tests/conftest.py marks the line tests).
 TEST_LINES := $(if $(filter command line environment,$(origin VLLM)),$(VLLM),$(LINES))
+
+# The Python of a line: .venv-<release> where requirements/line-<release>.txt exists (the toolkit's
+# requirements, then that file's pins over them: vLLM 0.33.0 pins torch 2.14, hence Triton 3.8), else
+# .venv. The CPU suite of a line runs in its Python, so its kernels are compile-checked and interpreted
+# under the Triton its vLLM release uses.
+line_venv  = $(if $(wildcard requirements/line-$(1).txt),.venv-$(1),$(VENV))
+LINE_VENV  := $(call line_venv,$(VLLM))
+LINE_STAMP := $(LINE_VENV)/.installed
 
 .PHONY: help venv patch status export test test-fast test-gpu docs clean rebase lines
 .PHONY: build-wheel test-wheel
@@ -53,7 +62,16 @@ $(STAMP): $(REQS) pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $@
 
-venv: $(STAMP)
+# A line's own venv: the same install as .venv, then requirements/line-<release>.txt over it.
+.venv-%/.installed: requirements/line-%.txt $(REQS) pyproject.toml
+	$(PY) -m venv .venv-$*
+	.venv-$*/bin/python -m pip install -q --upgrade pip
+	.venv-$*/bin/python -m pip install -q $(addprefix -r ,$(REQS))
+	.venv-$*/bin/python -m pip install -q -r requirements/line-$*.txt
+	.venv-$*/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+venv: $(STAMP) $(LINE_STAMP)
 
 patch: $(STAMP)
 	$(SMLA) patch $(ARGS)
@@ -72,11 +90,12 @@ export: $(STAMP)
 rebase: $(STAMP)
 	$(SMLA) rebase $(if $(ONTO),--onto $(ONTO)) $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(foreach l,$(TEST_LINES),$(call line_venv,$(l))/.installed)
 	@set -e; for l in $(TEST_LINES); do echo "== make patch VLLM=$$l"; $(BIN)/smla --line $$l patch $(ARGS); done
 	@set -e; first=1; for l in $(call reverse,$(TEST_LINES)); do \
-	  if [ $$first = 1 ]; then echo "== the CPU suite, line $$l"; SMLA_LINE=$$l $(PYTEST) -m "not gpu" $(PYTEST_ARGS); \
-	  else echo "== the line tests, line $$l"; SMLA_LINE=$$l $(PYTEST) -m "line and not gpu" $(PYTEST_ARGS); fi; first=0; done
+	  py=$$(if [ -f requirements/line-$$l.txt ]; then echo .venv-$$l; else echo $(VENV); fi)/bin/python; \
+	  if [ $$first = 1 ]; then echo "== the CPU suite, line $$l ($$py)"; SMLA_LINE=$$l $$py -m pytest -m "not gpu" $(PYTEST_ARGS); \
+	  else echo "== the line tests, line $$l ($$py)"; SMLA_LINE=$$l $$py -m pytest -m "line and not gpu" $(PYTEST_ARGS); fi; first=0; done
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 
 # Without the tests marked `slow` in tests/conftest.py (the real vLLM tree, the sdist, Triton's
@@ -84,10 +103,14 @@ reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword
 test-fast: $(STAMP)
 	$(PYTEST) -m "not gpu and not slow" $(PYTEST_ARGS)
 
-# The transcripts in docs/ and the generated tables (README's selection table, docs/series.md)
-# from real output; `make test` fails while they differ.
-docs: patch
-	$(PYTEST) tests/test_docs.py tests/test_selection.py -k "docs or readme" --update-docs $(PYTEST_ARGS)
+# The transcripts in docs/ and the generated tables (docs/proof.md's selection table of every line,
+# docs/series.md) from real output; `make test` fails while they differ. Run on each line (VLLM given:
+# that line only), in its Python: the selection tables come from each line's trees, docs/explain.md's
+# transcripts from the 0.26.0 line's.
+docs: $(STAMP) $(foreach l,$(TEST_LINES),$(call line_venv,$(l))/.installed)
+	@set -e; for l in $(TEST_LINES); do $(BIN)/smla --line $$l patch $(ARGS); \
+	  py=$$(if [ -f requirements/line-$$l.txt ]; then echo .venv-$$l; else echo $(VENV); fi)/bin/python; \
+	  SMLA_LINE=$$l $$py -m pytest tests/test_docs.py tests/test_selection.py -k "docs or readme" --update-docs $(PYTEST_ARGS); done
 
 # ---- On your own CUDA machine, with network (tools/gpu-local.sh): the wheel (WHEEL=path, else the
 # newest in dist/, else make build-wheel) pip-installed into GPU_VENV (made from GPU_PY), then:
@@ -128,7 +151,7 @@ explain: patch
 # work/vllm only (not $SMLA_TREE), through smla's guard; work/ goes only when nothing else is left in it.
 clean:
 	@set -e; for l in $(LINES); do if [ -e work/$$l/vllm ]; then $(MAKE) --no-print-directory venv && $(BIN)/smla --line $$l clean --tree work/$$l/vllm $(ARGS); fi; done
-	rm -rf dist $(VENV)
+	rm -rf dist $(VENV) $(wildcard .venv-[0-9]*)
 	@for d in $(addprefix work/,$(LINES)) work; do [ -d $$d ] && ! rmdir $$d 2>/dev/null && echo "kept $$d/: it holds what make patch did not make: $$(ls -A $$d | head -5 | tr '\n' ' ')"; done; true
 
 # ---- End to end through vllm.LLM on a GPU (tests/e2e/README.md) ----

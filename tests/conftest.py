@@ -53,6 +53,10 @@ else:
     if cache_dir is not None:
         os.environ["TRITON_CACHE_DIR"] = str(cache_dir() / "triton")
 
+# A line's own proofs (tests/lines/<release>/<group>/) run in child processes, through
+# tests/lineproofs.py, never in this one: they import vLLM with stand-ins.
+collect_ignore = ["lines"]
+
 # Modules whose every test reads the real vLLM source without the `vllm_tree` fixture.
 SLOW_MODULES = {"test_integration.py", "test_kernel_compile.py", "test_kernel_compile_matrix.py",
                 "test_kernel_compile_v4_ops.py", "test_kernel_compile_dsv4.py",

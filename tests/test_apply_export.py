@@ -119,6 +119,21 @@ def test_export_is_byte_stable_and_reproduces_the_series(series_project):
     assert "Subject: [PATCH] Add the kernel module" in text and "\n-- \n" not in text
 
 
+def test_vllm_style_subject_prefix_survives_apply_and_export(tmp_path):
+    """A "[Kernel] ..." Subject (vLLM's PR-title style, the 0.33.0 line's patches) is kept by apply,
+    so export writes the series back byte for byte under the same names."""
+    import gitfixtures
+
+    root, tree, _ = gitfixtures.series_project(tmp_path, kernel_subject="[Kernel] Add the kernel module")
+    patches = patches_dir(root)
+    before = {p.name: p.read_bytes() for p in patches.iterdir()}
+    assert "0001-Kernel-Add-the-kernel-module.patch" in before
+    apply_mod.apply_series(load(root), tree, **quiet)
+    assert proc.git_out(tree, "log", "-1", "--format=%s", "HEAD~2") == "[Kernel] Add the kernel module"
+    result = export_mod.export(tree, patches)
+    assert result.written == [] and {p.name: p.read_bytes() for p in patches.iterdir()} == before
+
+
 def test_export_after_edit_rewrites_only_changed_files_and_drops_stale(series_project):
     root, tree, _ = series_project
     apply_mod.apply_series(load(root), tree, **quiet)

@@ -10,7 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+import lineproofs
+
+
+@lineproofs.replaced_on(v0_33_0=(
+    "0.33.0's backend is a SparseMLACommonImpl hook with a new metadata builder; test_line_layer_proof "
+    "runs it there through vLLM's MLA layer, cache writer and builder (tests/lines/0.33.0/attention)"))
 def test_backend_forward_interpreted_with_stand_ins(vllm_tree):
     script = Path(__file__).resolve().parent / "backend_interpret_smoke.py"
     env = dict(os.environ, TRITON_INTERPRET="1", VLLM_LOGGING_LEVEL="ERROR")
@@ -45,5 +52,17 @@ def test_explicit_backend_validation_reasons(vllm_tree):
     assert res[3]["kv_cache_dtype_used"] == "fp8_ds_mla"
     assert picked[4:] == [None, None, None]
     assert "kv_cache_dtype fp8_e5m2 not supported by TRITON_MLA_SPARSE" in res[4]["error"]
-    assert "needs the cache in the model dtype" in res[5]["error"]
+    assert "cache in the model dtype" in res[5]["error"]  # 0.26.0: "needs the cache ...", 0.33.0: "needs a 16-bit cache ..."
     assert "compute capability not supported" in res[6]["error"]
+
+
+# tests/lines/<line>/attention/: the layer-level check (vLLM's fused cache writer, sparse metadata
+# builder, MLAAttention.forward_impl and SparseMLACommonImpl with our impl; DeepSeek-V3.2, GLM-5 and
+# GLM-5.2's index group; a mixed decode/prefill batch; 16-bit and fp8_ds_mla caches) against float64.
+LINE_PROOFS = {"0.33.0": [("attention", "test_layer_interpret_033.py", 3)]}
+
+
+@pytest.mark.parametrize("case", lineproofs.cases(
+    LINE_PROOFS, "its backend runs under the interpreter in test_backend_forward_interpreted_with_stand_ins"))
+def test_line_layer_proof(vllm_tree, case):
+    lineproofs.check(case, vllm_tree)

@@ -26,6 +26,8 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
+
+import lineproofs  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -285,6 +287,9 @@ def test_kernel_fp8_rejects_bad_layouts(smla):
         smla.sparse_mla_fwd(q, cache, slots, SCALE)
 
 
+@lineproofs.replaced_on(v0_33_0=(
+    "0.33.0's backend is a SparseMLACommonImpl hook with a new metadata builder; tests/test_backend_interpret.py"
+    "::test_line_layer_proof runs its fp8_ds_mla cache through vLLM's MLA layer and cache writer"))
 def test_backend_fp8_smoke(vllm_tree):
     """TRITON_MLA_SPARSE with fp8_ds_mla through vLLM's own classes (stand-ins
     for compiled modules): cache shape and page size, dtype canonicalisation,

@@ -14,6 +14,8 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (see test_kernel_interpret.py)
 
 import pytest  # noqa: E402
+
+import lineproofs  # noqa: E402
 import torch  # noqa: E402
 
 from indexer_reference import (  # noqa: E402
@@ -404,3 +406,18 @@ def test_logits_kernels_compile_for_arch(vllm_tree, arch):
     for rec in recs:
         assert rec["has_cubin"], rec
         assert rec["shared"] <= rec["smem_limit"], rec
+
+
+# tests/lines/<line>/indexer/: 0.33.0's sparse_attn_indexer op (compressed prefill logits, the new top-k
+# call, MTP padded decode) at capability 8.0 against float64, and its fused cache / query kernels on the
+# software e4m3 encode bit for bit; the least number of tests each file must pass.
+LINE_PROOFS = {
+    "0.33.0": [("indexer", "test_indexer_op.py", 3),
+               ("indexer", "test_fused_fp8_encode.py", 5)],
+}
+
+
+@pytest.mark.parametrize("case", lineproofs.cases(LINE_PROOFS, "its indexer op is checked by "
+                                                 "tests/test_backend_interpret.py and the GPU tests"))
+def test_line_indexer_proof(vllm_tree, case):
+    lineproofs.check(case, vllm_tree)

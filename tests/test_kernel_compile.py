@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+import lineproofs
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -256,3 +258,15 @@ if __name__ == "__main__":
         for a in (args[1:] if args and args[0] == "--report" else ARCHES):
             for r in compile_report(int(a)):
                 print(json.dumps(r))
+
+
+# tests/lines/<line>/indexer/test_fused_compile.py: 0.33.0's fused DeepSeek-V3.2 / GLM cache-write and
+# index-query kernels (new in 0.33.0, fp8e4nv upstream) compiled for sm80/86 on the series' software
+# e4m3 encode (and, as the failure the series fixes, not with upstream's fp8e4nv types on sm80),
+# sm89/90 on the hardware path.
+LINE_PROOFS = {"0.33.0": [("indexer", "test_fused_compile.py", 5)]}
+
+
+@pytest.mark.parametrize("case", lineproofs.cases(LINE_PROOFS, "its line has no fused fp8e4nv kernels"))
+def test_line_fused_kernels_compile(vllm_tree, case):
+    lineproofs.check(case, vllm_tree)

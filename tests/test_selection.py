@@ -51,7 +51,9 @@ import os
 
 import pytest
 
+import lineproofs
 import smla.selection as S
+from conftest import current_line
 from smla import explain
 
 OURS = "TRITON_MLA_SPARSE"
@@ -87,6 +89,10 @@ EXPLICIT_CELLS = S.matrix_cells(backend=OURS) + [
 DSV4 = "deepseek-v4"
 DSV4_CELLS = explain.matrix_cells(DSV4)
 DSV4_EXPLICIT_CELLS = explain.matrix_cells(DSV4, backend=OURS)
+# The DSV4 cells ask the 0.26.0 line's switch, VLLM_DSV4_PORTABLE; a line whose series chooses
+# DeepSeek-V4's kernels otherwise (0.33.0) has its own check, run by test_line_selection_proof below.
+V4_BY_ENV = lineproofs.v4_by_env()
+needs_v4_env = lineproofs.needs_v4_env("smla's DeepSeek-V4 selection query")
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +106,8 @@ def trees(vllm_tree):
     pristine_tree = explain.pristine_tree(vllm_tree)
     # DeepSeek-V4's cells last: its query imports the V4 model code, after every MLA answer
     patched, pristine = S.run_selections(
-        [(vllm_tree, AUTO_CELLS + EXPLICIT_CELLS + DSV4_CELLS + DSV4_EXPLICIT_CELLS),
-         (pristine_tree, AUTO_CELLS + AUTO_CELLS[::-1] + DSV4_CELLS)])
+        [(vllm_tree, AUTO_CELLS + EXPLICIT_CELLS + (DSV4_CELLS + DSV4_EXPLICIT_CELLS if V4_BY_ENV else [])),
+         (pristine_tree, AUTO_CELLS + AUTO_CELLS[::-1] + (DSV4_CELLS if V4_BY_ENV else []))])
     n, m = len(AUTO_CELLS), len(AUTO_CELLS) + len(EXPLICIT_CELLS)
     first, second = pristine[:n], pristine[n:2 * n][::-1]
     return {"patched": {_key(r): r for r in patched[:m]},
@@ -255,17 +261,18 @@ def selection_table(trees, preset: str) -> list[str]:
     return out
 
 
-def test_readme_selection_table(trees, update_docs):
-    """README.md's selection table is what vLLM's own selector answers (GLM-5 and DeepSeek-V3.2 alike)."""
+def test_docs_selection_table(trees, update_docs):
+    """docs/proof.md's selection table of the line under test is what vLLM's own selector answers
+    (GLM-5 and DeepSeek-V3.2 alike)."""
     import doctext
     from gitfixtures import REPO_ROOT
 
     tables = {p: selection_table(trees, p) for p in S.PRESETS}
     first = next(iter(tables.values()))
-    assert all(t == first for t in tables.values()), "the README says both presets give one table"
-    readme = REPO_ROOT / "README.md"
-    doctext.check_or_update(readme, "the selection table", doctext.section(readme, "selection table"), first,
-                            update_docs, lambda: doctext.write_section(readme, "selection table", first))
+    assert all(t == first for t in tables.values()), "docs/proof.md says both presets give one table"
+    doc, name = REPO_ROOT / "docs" / "proof.md", f"selection table {current_line()}"
+    doctext.check_or_update(doc, f"the {name}", doctext.section(doc, name), first,
+                            update_docs, lambda: doctext.write_section(doc, name, first))
 
 
 # --------------------------------------------------------------------------- DeepSeek-V4
@@ -291,6 +298,7 @@ def _v4_ids(cells):
     return [f"{c.capability}" + (f"-{c.backend}" if c.backend else "") for c in cells]
 
 
+@needs_v4_env
 def test_dsv4_every_capability_answered(trees):
     """Both trees answer DeepSeek-V4 through its own functions, each input asked both ways where
     the tree reads it; the pristine tree has no VLLM_DSV4_PORTABLE and none of the series' route."""
@@ -322,6 +330,7 @@ def _upstream_runs(pristine_case, case) -> bool:
     return a["backend_supports_capability"] and (need is None or case[need])
 
 
+@needs_v4_env
 @pytest.mark.parametrize("cell", DSV4_CELLS, ids=_v4_ids(DSV4_CELLS))
 def test_dsv4_policy(trees, cell):
     pat, pri = _v4(trees, "patched", cell), _v4(trees, "pristine", cell)
@@ -344,6 +353,7 @@ def test_dsv4_policy(trees, cell):
         assert c["cutedsl"] is (major_minor >= (8, 9))
 
 
+@needs_v4_env
 @pytest.mark.parametrize("cell", DSV4_EXPLICIT_CELLS, ids=_v4_ids(DSV4_EXPLICIT_CELLS))
 def test_dsv4_explicit_triton(trees, cell):  # V4
     r = _v4(trees, "patched", cell)
@@ -402,12 +412,32 @@ def dsv4_selection_table(trees) -> list[str]:
     return out
 
 
-def test_readme_dsv4_selection_table(trees, update_docs):
-    """README.md's DeepSeek-V4 table is what both trees' own functions answer."""
+@needs_v4_env
+def test_docs_dsv4_selection_table(trees, update_docs):
+    """docs/proof.md's DeepSeek-V4 table of the line under test is what both trees' own functions answer."""
     import doctext
     from gitfixtures import REPO_ROOT
 
     table = dsv4_selection_table(trees)
-    readme = REPO_ROOT / "README.md"
-    doctext.check_or_update(readme, "the DeepSeek-V4 selection table", doctext.section(readme, "dsv4 selection table"),
-                            table, update_docs, lambda: doctext.write_section(readme, "dsv4 selection table", table))
+    doc, name = REPO_ROOT / "docs" / "proof.md", f"dsv4 selection table {current_line()}"
+    doctext.check_or_update(doc, f"the DeepSeek-V4 {name}", doctext.section(doc, name),
+                            table, update_docs, lambda: doctext.write_section(doc, name, table))
+
+
+# ------------------------------------------------------------------ the line's own selection proofs
+
+# tests/lines/<line>/<group>/<file>: selection checks of code only that line has, and the least number
+# of tests each must pass (a proof whose tests skip fails here).
+LINE_PROOFS = {
+    "0.33.0": [("indexer", "test_selection.py", 13),          # indexer kernels, decode top-k per capability
+               ("indexer", "test_vllm_selection_tests.py", 12),  # the tree's own indexer-selection tests
+               ("v4", "test_v4_selection_pristine_vs_patched.py", 49)],  # V4 class per KernelConfig option
+}
+
+
+@pytest.mark.parametrize("case", lineproofs.cases(LINE_PROOFS, "its selection is all in the tests above"))
+def test_line_selection_proof(vllm_tree, case):
+    """0.33.0 chooses the DSA indexer's kernels by arch through its indexer API, and DeepSeek-V4's
+    kernels by KernelConfig.deepseek_v4_kernels (the 0.26.0 line: VLLM_DSV4_PORTABLE, which the DSV4
+    cells above ask): the line's own proofs check those, pristine vs patched."""
+    lineproofs.check(case, vllm_tree, pristine=True)

@@ -14,6 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+import lineproofs
+
 FILES = ["tests/kernels/test_deepseek_v4_attn_selection.py",
          "tests/kernels/test_deepseek_v4_cutedsl_fallback.py",
          "tests/kernels/test_deepseek_v4_mhc_portable.py",
@@ -22,6 +26,8 @@ FILES = ["tests/kernels/test_deepseek_v4_attn_selection.py",
          "tests/kernels/attention/test_deepseek_v4_triton_attention.py"]
 
 
+@lineproofs.replaced_on(v0_33_0="its V4 tests are other files (the series' 0007-0013): "
+                                 "tests/lines/0.33.0/v4/test_tree_v4_tests_cpu.py runs them (test_line_v4_proof)")
 def test_series_v4_tests_pass_on_cpu(vllm_tree):
     missing = [f for f in FILES if not (vllm_tree / f).is_file()]
     assert not missing, f"not in the tree {vllm_tree} (patches 0014-0020): {missing}"
@@ -40,6 +46,9 @@ def test_series_v4_tests_pass_on_cpu(vllm_tree):
 BREAKABLE_TESTS = "tests/v1/cudagraph/test_breakable_cudagraph.py"
 
 
+@lineproofs.replaced_on(v0_33_0="0.26.0's patch 0021 is not carried (0.33.0's eager_break_during_capture "
+                                 "checks for a capture per call): tests/lines/0.33.0/v4/"
+                                 "test_breakable_cudagraph_fix_present.py runs 0021's test on 0.33.0")
 def test_series_breakable_cudagraph_decorator_tests_pass_on_cpu(vllm_tree):
     """Patch 0021's vLLM-style test and the pass-through one next to it (the file's CUDA cases
     skip; its runner-metadata test needs llguidance, which the toolkit does not install)."""
@@ -51,6 +60,8 @@ def test_series_breakable_cudagraph_decorator_tests_pass_on_cpu(vllm_tree):
     assert proc.returncode == 0 and "2 passed" in tail, tail
 
 
+@lineproofs.replaced_on(v0_33_0="0.26.0's patch 0021 is not carried: tests/lines/0.33.0/v4/"
+                                 "test_breakable_cudagraph_fix_present.py checks 0.33.0 breaks per call")
 def test_v4_ops_stay_eager_breaks_when_imported_before_the_config_enables_them(vllm_tree):
     """The import order of a real engine (tests/series_import_chain.py): the V4 attention op and
     the sparse indexer op, imported while VLLM_USE_BREAKABLE_CUDAGRAPH is unset, are still eager
@@ -64,3 +75,21 @@ def test_v4_ops_stay_eager_breaks_when_imported_before_the_config_enables_them(v
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got == {"attention_imported": True, "indexer_imported": True, "attention_impl_breaks": True,
                    "indexer_op_breaks": True, "breakable_env": None}, got
+
+
+# tests/lines/<line>/v4/: the line's own DeepSeek-V4 CPU proof (what the tests above check on 0.26.0,
+# for 0.33.0's V4 code), and the least number of tests each file must pass.
+LINE_PROOFS = {
+    "0.33.0": [("v4", "test_tree_v4_tests_cpu.py", 1),               # the tree's V4 vLLM-style tests
+               ("v4", "test_v4_triton_fp8_interp.py", 14),            # e4m3 ops, compressor without CuTe DSL
+               ("v4", "test_v4_triton_attention_kernel_interp.py", 9),  # the V4 Triton attention kernels
+               ("v4", "test_v4_attention_class_interp.py", 13),        # forward_mqa on a mixed batch
+               ("v4", "test_v4_import_without_triton.py", 2),
+               ("v4", "test_v4_tiny_checkpoint_config.py", 1),         # the tiny checkpoint's config on 0.33.0
+               ("v4", "test_breakable_cudagraph_fix_present.py", 1)],  # 0.26.0's 0021 test, unpatched 0.33.0
+}
+
+
+@pytest.mark.parametrize("case", lineproofs.cases(LINE_PROOFS, "its V4 CPU tests are the ones above"))
+def test_line_v4_proof(vllm_tree, case):
+    lineproofs.check(case, vllm_tree, pristine=True)

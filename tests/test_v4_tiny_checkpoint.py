@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+import lineproofs
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
@@ -348,3 +350,16 @@ def test_checkpoint_values_keep_activations_unit_scale(checkpoint):
             assert t[sp.name].unique().numel() == CONFIG["n_routed_experts"]  # no routing ties
         elif sp.kind == "copy":
             assert torch.equal(t[sp.name], t[sp.source]), sp.name
+
+
+# tests/lines/<line>/v4/test_v4_tiny_checkpoint_load_sm86.py: the checkpoint loaded into the line's own
+# DeepseekV4ForCausalLM / DeepSeekV4MTP on the CPU with an sm86 GPU faked (cpu_load_check.py), the
+# portable path asserted; the least number of tests it must pass.
+LINE_PROOFS = {"0.33.0": [("v4", "test_v4_tiny_checkpoint_load_sm86.py", 1)]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", lineproofs.cases(LINE_PROOFS, "cpu_load_check.py runs on the H200's "
+                                                 "image (tests/e2e); vllm_params.json is its table"))
+def test_line_tiny_checkpoint_loads(vllm_tree, case):
+    lineproofs.check(case, vllm_tree)

@@ -21,6 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import compare  # noqa: E402
+import lineproofs  # noqa: E402  (tests/ is on sys.path: pyproject pythonpath)
 import e2e_plugin  # noqa: E402
 import prompt_lp_guard  # noqa: E402
 import run_e2e  # noqa: E402
@@ -498,6 +499,9 @@ def _src(tree: Path, rel: str) -> str:
     return (tree / "vllm" / rel).read_text()
 
 
+@lineproofs.replaced_on(v0_33_0="the V4 e2e harness drives the 0.26.0 series' switch VLLM_DSV4_PORTABLE; "
+                                 "0.33.0's is KernelConfig.deepseek_v4_kernels and its engine has not run here "
+                                 "(torch 2.14); tests/lines/0.33.0/v4 checks its selection")
 def test_the_tree_has_the_switches_and_names_the_harness_relies_on(vllm_tree):
     v4 = "models/deepseek_v4/"
     portable = _src(vllm_tree, v4 + "nvidia/portable.py")

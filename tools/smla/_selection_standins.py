@@ -34,7 +34,10 @@ compute capability":
   package makes any submodule importable and any public attribute a
   function that raises if called; dunder lookups fail as usual.
 - No CUDA device: CUDA tensor factories at import time give "meta" tensors,
-  and torch.cuda.get_device_properties returns a stand-in (132 SMs).
+  and torch.cuda.get_device_properties returns a stand-in (132 SMs);
+  torch.accelerator.empty_cache does nothing (torch's CPU build raises
+  without an accelerator, where a CUDA build returns; vLLM 0.33.0's
+  workspace manager calls it when it grows).
 - Platform: vllm.platforms.current_platform resolves to CudaPlatform and
   get_device_capability returns the cell's capability; get_device_name (only
   reached by _resolve_auto_dtype's fallback warning) returns a stand-in name.
@@ -76,13 +79,29 @@ def _raiser(name: str):
     return f
 
 
+class _MLAPagedWrapper:
+    """flashinfer.mla.BatchMLAPagedAttentionWrapper as vLLM 0.33.0's pin (flashinfer-python 0.7.2.post1)
+    has it: vLLM probes run()'s keyword-only `ckv_scale_arr` (FlashInfer >= 0.6.18, has_flashinfer_sm90_nope_mla)."""
+
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("flashinfer.mla.BatchMLAPagedAttentionWrapper is a selection-harness stand-in")
+
+    def run(self, *args, ckv_scale_arr=None, **kwargs):
+        raise RuntimeError("flashinfer.mla.BatchMLAPagedAttentionWrapper.run is a selection-harness stand-in")
+
+
+# FlashInfer APIs whose signature vLLM inspects (not only that they exist): served as written above.
+_FLASHINFER_APIS = {"flashinfer.mla.BatchMLAPagedAttentionWrapper": _MLAPagedWrapper}
+
+
 class _AnyAttrModule(types.ModuleType):
-    """Stand-in package: any public attribute is a function that raises."""
+    """Stand-in package: any public attribute is a function that raises (or, for the few APIs vLLM
+    inspects, the stand-in class in _FLASHINFER_APIS)."""
 
     def __getattr__(self, attr: str):
         if attr.startswith("__"):
             raise AttributeError(attr)
-        fn = _raiser(f"{self.__name__}.{attr}")
+        fn = _FLASHINFER_APIS.get(f"{self.__name__}.{attr}") or _raiser(f"{self.__name__}.{attr}")
         setattr(self, attr, fn)
         return fn
 
@@ -172,7 +191,7 @@ class _PlatformHook(importlib.abc.MetaPathFinder):
 
 _FINDER: _StandInFinder | None = None
 _CUDA_NOTE = ("no CUDA device: cuda tensor factories -> meta tensors, "
-              "torch.cuda.get_device_properties stand-in")
+              "torch.cuda.get_device_properties stand-in, torch.accelerator.empty_cache no-op")
 
 
 def install_stand_ins(tree: str | os.PathLike, cuda_platform: bool = False) -> _StandInFinder:
@@ -219,6 +238,9 @@ def install_stand_ins(tree: str | os.PathLike, cuda_platform: bool = False) -> _
             is_integrated = False
 
         torch.cuda.get_device_properties = lambda *a, **k: _Props()
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None and accelerator.current_accelerator() is None:
+            accelerator.empty_cache = lambda: None
         finder._note(_CUDA_NOTE)
     return finder
 

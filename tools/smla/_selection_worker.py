@@ -233,8 +233,11 @@ class _Selection:
             heads = model["num_attention_heads"] // tp
         res["heads_per_gpu"] = heads
 
+        # rswa_window (0.33+: a reverse sliding window; none in these models) and is_mm_prefix_lm
+        # are read by the selection path of newer trees; older trees ignore them.
         model_config = types.SimpleNamespace(hf_config=hf, hf_text_config=text,
-                                             dtype=dtype, use_mla=True)
+                                             dtype=dtype, use_mla=True, rswa_window=None,
+                                             is_mm_prefix_lm=False)
         vllm_config = self.VllmConfig(
             attention_config=self.AttentionConfig(backend=backend_enum))
         object.__setattr__(vllm_config, "model_config", model_config)

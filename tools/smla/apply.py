@@ -193,8 +193,10 @@ def _apply_one(patch: Patch, outcome: PatchOutcome, worktree: Path, fuzz: int, t
     check = proc.git(worktree, "apply", "--check", "-v", *ctx, "--", patch.path.resolve(), check=False)
     if check.returncode == 0:
         outcome.offsets = hunk_offsets(check.stderr + check.stdout)
-        proc.git(worktree, "am", "-q", "--keep-cr", "--committer-date-is-author-date", *ctx, "--",
-                 patch.path.resolve())
+        # --keep-non-patch: git strips only "[PATCH]" from the Subject, not a "[Kernel]" / "[Model]"
+        # prefix (vLLM-style titles), so export writes the patch back under its own name.
+        proc.git(worktree, "am", "-q", "--keep-cr", "--keep-non-patch", "--committer-date-is-author-date",
+                 *ctx, "--", patch.path.resolve())
         outcome.state = APPLIED
         outcome.commit = proc.git_out(worktree, "rev-parse", "HEAD")
         if fuzz or outcome.offsets:  # the commit may differ from the file: say so in the record

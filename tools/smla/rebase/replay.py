@@ -55,7 +55,7 @@ def replay_one(tree: Path, patch: series_mod.Patch, out: Outcome) -> None:
     check = proc.git(tree, "apply", "--check", "-v", "--", path, check=False)
     if check.returncode == 0:
         out.offsets = gitapply.hunk_offsets(check.stderr + check.stdout)
-        proc.git(tree, "am", "-q", "--keep-cr", "--committer-date-is-author-date", "--", path)
+        proc.git(tree, "am", "-q", "--keep-cr", "--keep-non-patch", "--committer-date-is-author-date", "--", path)
         out.outcome = OFFSETS if out.offsets else UNCHANGED
         out.commits = 1
         return
@@ -66,7 +66,8 @@ def replay_one(tree: Path, patch: series_mod.Patch, out: Outcome) -> None:
     # --reject makes git report every failing hunk, not only the first.
     rejected = proc.git(tree, "apply", "--check", "--reject", "-v", "--", path, check=False)
     out.hunks = [f.description for f in gitapply.failed_hunks(patch, rejected.stderr)]
-    merged = proc.git(tree, "am", "--3way", "--keep-cr", "--committer-date-is-author-date", "--", path,
+    merged = proc.git(tree, "am", "--3way", "--keep-cr", "--keep-non-patch", "--committer-date-is-author-date",
+                      "--", path,
                       check=False)
     if merged.returncode == 0:
         if proc.git_out(tree, "rev-parse", "HEAD") == before:
