@@ -11,7 +11,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from smla import explain, selection
+from smla import explain, explain_text, selection
 from smla.cli import main
 from smla.errors import UsageError
 
@@ -153,7 +153,7 @@ def test_text_shows_every_backend_and_the_outcome(results, name):
             assert f"auto-selection: {r['selected']}\n" in text
         else:
             assert f"auto-selection: none; vLLM error: {r['error']}\n" in text
-        assert "\nindexer: " + explain._indexer_line(r["indexer"]) + "\n" in text
+        assert "\nindexer: " + explain_text._indexer_line(r["indexer"]) + "\n" in text
         assert "\nstand-ins: mocked CUDA platform + capability" in text
 
 
