@@ -66,3 +66,27 @@ LINE_PROOFS = {"0.33.0": [("attention", "test_layer_interpret_033.py", 3)]}
     LINE_PROOFS, "its backend runs under the interpreter in test_backend_forward_interpreted_with_stand_ins"))
 def test_line_layer_proof(vllm_tree, case):
     lineproofs.check(case, vllm_tree)
+
+
+# The line's own vLLM-style backend tests that need no GPU (0.33.0: tests/v1/attention/
+# test_triton_mla_sparse.py of the series: validation, KV-cache spec, block stride, top-k width), run
+# by pytest in the tree under the toolkit's stand-ins (tests/lines/<line>/attention/standins_plugin.py);
+# the least number that must pass.
+LINE_TREE_TESTS = {"0.33.0": ("tests/v1/attention/test_triton_mla_sparse.py", 91)}
+
+
+@pytest.mark.skipif(lineproofs.current_line() not in LINE_TREE_TESTS,
+                    reason="this line's backend tests are the series' kernel tests (test_series_kernel_tests.py)")
+def test_line_tree_backend_tests(vllm_tree):
+    rel, least = LINE_TREE_TESTS[lineproofs.current_line()]
+    plugin_dir = lineproofs.proof_dir("attention")
+    env = dict(os.environ, SMLA_033_TREE=str(vllm_tree), PYTHONPATH=str(plugin_dir),
+               SMLA_STANDINS=str(lineproofs.REPO_ROOT / "tools" / "smla" / "_selection_standins.py"))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "standins_plugin", "--noconftest",
+                           "-p", "no:cacheprovider", "-W", "ignore", rel], cwd=vllm_tree, env=env,
+                          capture_output=True, text=True, timeout=900)
+    tail = "\n".join(proc.stdout.splitlines()[-15:])
+    assert proc.returncode == 0, tail
+    passed = re.search(r"(\d+) passed", tail)
+    assert passed and int(passed.group(1)) >= least, tail
