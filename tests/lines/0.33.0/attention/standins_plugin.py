@@ -2,9 +2,9 @@
 CUDA platform with compute capability 8.6 mocked, no CUDA device), before any test module imports
 vllm.  Used to run the series' GPU-free vLLM tests on this CPU machine:
 
-  cd $SMLA_033_TREE && PYTHONPATH=/work/port/port-attn-proof \
-  SMLA_STANDINS=/work/main/tools/smla/_selection_standins.py \
-  /work/port/venv-033/bin/python -m pytest -p standins_plugin --noconftest -q \
+  cd $SMLA_033_TREE && PYTHONPATH=<tree> \
+  SMLA_STANDINS=tools/smla/_selection_standins.py \
+  .venv-0.33.0/bin/python -m pytest -p standins_plugin --noconftest -q \
       tests/v1/attention/test_triton_mla_sparse.py
 """
 import importlib.util

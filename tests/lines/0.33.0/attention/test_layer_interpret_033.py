@@ -6,8 +6,8 @@ layer_interpret_033.py (beside this file; what is stood in is said there) in its
 TRITON_INTERPRET and the stand-ins must not leak into this one.
 
 Run (CPU only, ~5-15 min per case on 2 cores):
-  SMLA_033_TREE=/work/port/port-attn SMLA_STANDINS=/work/main/tools/smla/_selection_standins.py \
-  SMLA_TEST_REFS=/work/main/tests /work/port/venv-033/bin/python -m pytest -q test_layer_interpret_033.py
+  SMLA_033_TREE=<tree> SMLA_STANDINS=tools/smla/_selection_standins.py \
+  SMLA_TEST_REFS=tests .venv-0.33.0/bin/python -m pytest -q test_layer_interpret_033.py
 """
 from __future__ import annotations
 

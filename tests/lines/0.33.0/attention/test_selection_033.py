@@ -15,9 +15,9 @@ and the mocked capability are described there).  The hole-filling policy, assert
       FLASHINFER_MLA_SPARSE_SM120 refuses (fp16 model, 16-bit cache, index_topk != 2048) but H3
 
 Run (CPU only):
-  SMLA_033_TREE=/work/port/port-attn SMLA_033_PRISTINE=/work/port/port-attn-pristine \
-  SMLA_STANDINS=/work/main/tools/smla/_selection_standins.py \
-  /work/port/venv-033/bin/python -m pytest -q test_selection_033.py
+  SMLA_033_TREE=<tree> SMLA_033_PRISTINE=<tree> \
+  SMLA_STANDINS=tools/smla/_selection_standins.py \
+  .venv-0.33.0/bin/python -m pytest -q test_selection_033.py
 """
 from __future__ import annotations
 

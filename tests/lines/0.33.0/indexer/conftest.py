@@ -1,10 +1,10 @@
 """CPU harness for the 0.33.0 indexer / DeepSeek-V3.2 CUDA-path proof (port-idx).
 
-Imports vLLM from the clone ($PORT_IDX_TREE, default /work/port/port-idx) as the
+Imports vLLM from the clone ($PORT_IDX_TREE, default <tree>) as the
 toolkit's selection harness does (tools/smla/_selection_standins.py: empty
 compiled modules, CudaPlatform with a mocked compute capability, CUDA factories
 -> meta), with Triton's interpreter on. Reuses the 0.26.0 line's float64
-indexer references (/work/main/tests/indexer_reference.py).
+indexer references (tests/indexer_reference.py).
 
 Stand-ins beyond the harness's, all listed here:
 - CUDA_VISIBLE_DEVICES="" so vllm.triton_utils accepts Triton with no active
@@ -27,7 +27,7 @@ from pathlib import Path
 os.environ["TRITON_INTERPRET"] = "1"
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
-TREE = Path(os.environ.get("PORT_IDX_TREE", "/work/port/port-idx"))
+TREE = Path(os.environ["PORT_IDX_TREE"])
 MAIN = Path(__file__).resolve().parents[4]  # the repository root
 for p in (str(TREE), str(TREE / "tests"), str(MAIN / "tests"), str(MAIN / "tools" / "smla")):
     if p not in sys.path:

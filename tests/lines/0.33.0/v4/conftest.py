@@ -1,6 +1,6 @@
 """Shared set-up for the CPU proof of the DeepSeek-V4 commits of the 0.33.0 line.
 
-Every test here imports vLLM from the clone (VLLM_TREE, default /work/port/port-v4) and runs
+Every test here imports vLLM from the clone (VLLM_TREE, default <tree>) and runs
 Triton kernels under the interpreter (TRITON_INTERPRET=1, set before Triton is imported).
 vLLM-style test modules of the clone are loaded with their DEVICE set to "cpu" and their test
 functions are called directly (their CUDA skip marks apply only under pytest collection)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-TREE = Path(os.environ.get("VLLM_TREE", "/work/port/port-v4"))
+TREE = Path(os.environ["VLLM_TREE"])
 if str(TREE) not in sys.path:
     sys.path.insert(0, str(TREE))
 

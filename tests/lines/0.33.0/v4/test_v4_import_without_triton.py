@@ -12,7 +12,7 @@ import pytest
 from conftest import TREE
 
 HERE = Path(__file__).parent
-PRISTINE = Path(os.environ.get("VLLM_PRISTINE_TREE", "/work/port/base-033"))
+PRISTINE = Path(os.environ["VLLM_PRISTINE_TREE"])
 
 
 @pytest.mark.parametrize("tree", [PRISTINE, TREE], ids=["pristine", "patched"])

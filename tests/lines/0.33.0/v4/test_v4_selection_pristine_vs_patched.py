@@ -1,5 +1,5 @@
 """Commit "[Model] DeepSeek-V4: select the Triton attention where no upstream kernel runs":
-the attention class of pristine vLLM 0.33.0 (/work/port/base-033, branch v033 = 0.33.0 + the
+the attention class of pristine vLLM 0.33.0 (<tree>, branch v033 = 0.33.0 + the
 e4m3 helpers) and of the clone, per capability 8.0-12.1 (mocked), FlashInfer's sm120 kernel
 present/absent, KernelConfig.deepseek_v4_kernels auto/upstream/portable, no backend and explicit
 backends (selection_table.py in a subprocess per tree). Writes selection_table.json here."""
@@ -14,7 +14,7 @@ import pytest
 from conftest import TREE
 
 HERE = Path(__file__).parent
-PRISTINE = Path(os.environ.get("VLLM_PRISTINE_TREE", "/work/port/base-033"))
+PRISTINE = Path(os.environ["VLLM_PRISTINE_TREE"])
 FLASHMLA, SM120, TRITON = (
     "DeepseekV4FlashMLAAttention",
     "DeepseekV4FlashInferSM120Attention",

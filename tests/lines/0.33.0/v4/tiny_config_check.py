@@ -1,4 +1,4 @@
-"""Parse the tiny DeepSeek-V4 checkpoint's config.json (/work/main/tests/e2e/models/
+"""Parse the tiny DeepSeek-V4 checkpoint's config.json (tests/e2e/models/
 deepseek-v4-tiny, generator of the 0.26.0 line) through vLLM 0.33.0's own config path on the CPU:
 EngineArgs(...).create_model_config() -> transformers' DeepseekV4Config, vLLM's quantization
 resolution (DeepseekV4FP8Config), get_compress_ratios, and the geometry the V4 layers read.
