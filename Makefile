@@ -143,7 +143,7 @@ DTYPE ?= auto
 TREE  ?= patched
 .PHONY: explain
 # EXPLAIN_ARGS (e.g. --json, --backend NAME), not ARGS: `patch` takes $(ARGS).
-explain: patch
+explain: patch $(LINE_STAMP)
 	$(SMLA) explain --model $(MODEL) --capability $(CAP) --dtype $(DTYPE) --tree $(TREE) $(EXPLAIN_ARGS)
 
 # The work tree goes through `smla clean`, which refuses while the tree holds work not in

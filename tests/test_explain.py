@@ -100,16 +100,19 @@ CASES = {
     "glm5-10.0-tp4": ("glm-5", "10.0", "bfloat16", None, "auto", 4),
     "glm5-10.0-tp3": ("glm-5", "10.0", "bfloat16", None, "auto", 3),
 }
-# smla explain's DeepSeek-V4 query asks VLLM_DSV4_PORTABLE: on a line without it (0.33.0) the V4 cases
-# are left out and their tests skipped (lineproofs.needs_v4_env).
+# smla explain's DeepSeek-V4 query asks the series' switch with each of its values: VLLM_DSV4_PORTABLE
+# (auto, 1, 0) on the 0.26.0 line, KernelConfig.deepseek_v4_kernels (auto, portable, upstream; set with
+# --kernel-config) on the 0.33.0 line. KEY: its key in a case; LABEL: how the text names it.
 V4_BY_ENV = lineproofs.v4_by_env()
-needs_v4_env = lineproofs.needs_v4_env("smla explain --model deepseek-v4")
-if not V4_BY_ENV:
-    CASES = {k: v for k, v in CASES.items() if "dsv4" not in k}
+if V4_BY_ENV:
+    KEY, LABEL, PORTABLE, UPSTREAM = "VLLM_DSV4_PORTABLE", "VLLM_DSV4_PORTABLE", "1", "0"
+else:
+    KEY, LABEL, PORTABLE, UPSTREAM = ("deepseek_v4_kernels", "--kernel-config deepseek_v4_kernels",
+                                      "portable", "upstream")
 # Compared between the trees (the rest is about the explain layer itself).
 BOTH = ["glm5-12.0-fp16", "glm5-12.0-bf16", "glm5-8.6-bf16", "glm5-9.0-bf16", "dsv32-9.0-bf16",
         "dsv32-12.0-auto", "cfg-dsv3-12.0-bf16", "cfg-dsv3-9.0-bf16"]
-DSV4_BOTH = ["dsv4-8.6", "dsv4-12.0"] if V4_BY_ENV else []
+DSV4_BOTH = ["dsv4-8.6", "dsv4-12.0"]
 
 
 def _case(spec, configs):
@@ -330,7 +333,7 @@ def test_indexer_path_is_the_trees_own_choice(results):
 
 # --- DeepSeek-V4 ------------------------------------------------------------
 
-V4_CASE_KEYS = {"VLLM_DSV4_PORTABLE", "flashinfer_sm120", "flashmla", "attention", "error", "mhc", "o_proj",
+V4_CASE_KEYS = {KEY, "flashinfer_sm120", "flashmla", "attention", "error", "mhc", "o_proj",
                 "cutedsl"}
 
 
@@ -338,9 +341,8 @@ def _v4_lines(text, prefix):
     return [line for line in text.splitlines() if line.startswith(prefix)]
 
 
-@needs_v4_env
 def test_dsv4_text_per_portable_value(results):
-    """One block per VLLM_DSV4_PORTABLE value; in it the attention class with the tree's reason, and
+    """One block per value of the series' switch; in it the attention class with the tree's reason, and
     the mHC / o_proj reasons, each as the tree's functions answered."""
     r = results["patched"]["dsv4-8.6"]
     explain._check(r)
@@ -348,26 +350,26 @@ def test_dsv4_text_per_portable_value(results):
     assert text.startswith("tree:  patched\n") and "model_type=deepseek_v4" in text
     assert "  attention class: vllm/models/deepseek_v4/nvidia/model.py::_select_dsv4_attn_cls\n" in text
     assert "CUDA MLA backends" not in text and "auto-selection" not in text
-    for env in ("auto", "1", "0"):
-        case = next(c for c in r["dsv4"]["cases"] if c["VLLM_DSV4_PORTABLE"] == env)
-        block = text.split(f"\nVLLM_DSV4_PORTABLE={env}")[1].split("\nVLLM_DSV4_PORTABLE=")[0]
+    assert r["dsv4"]["switch"] == KEY
+    for env in ("auto", PORTABLE, UPSTREAM):
+        case = next(c for c in r["dsv4"]["cases"] if c[KEY] == env)
+        block = text.split(f"\n{LABEL}={env}")[1].split(f"\n{LABEL}=")[0]
         a = case["attention"]
         # on sm86 neither FlashInfer's kernel nor FlashMLA's build changes the answer: no labels
         assert f"\n  attention: {a['class']} (backend {a['backend']}" in block and block.count("attention") == 1
         assert a["reason"] in block
         assert f"\n  mHC: {case['mhc']['reason']}\n" in block
         assert f"\n  o_proj: {case['o_proj']['reason']}\n" in block
-    assert "that backend does not support compute capability 8.6" in text  # =0 keeps FlashMLA
+    assert "that backend does not support compute capability 8.6" in text  # upstream keeps FlashMLA
     assert "\nindexer: portable Triton kernels" in text
     assert "tilelang, cutlass DSL and DeepGEMM installed" in text
 
 
-@needs_v4_env
 def test_dsv4_text_names_the_inputs_that_matter(results):
     """Where FlashInfer's sm120 kernel (12.0) or vLLM's FlashMLA build (9.0) changes the pick, each
     answer is printed with the input it depends on, and only then."""
     t12 = explain.text(results["patched"]["dsv4-12.0"], "patched")
-    auto12 = t12.split("\nVLLM_DSV4_PORTABLE=auto")[1].split("\nVLLM_DSV4_PORTABLE=1")[0]
+    auto12 = t12.split(f"\n{LABEL}=auto")[1].split(f"\n{LABEL}=")[0]
     assert _v4_lines(auto12, "  attention") == [
         "  attention, with FlashInfer's sm120 kernel: DeepseekV4FlashInferSM120Attention "
         "(backend FLASHINFER_MLA_SPARSE_DSV4, fp8_ds_mla cache): FlashInfer sm120",
@@ -375,28 +377,33 @@ def test_dsv4_text_names_the_inputs_that_matter(results):
         "(backend TRITON_MLA_SPARSE_DSV4, fp8_ds_mla cache): FlashInfer has no sm120 sparse MLA kernel"]
     assert "FlashMLA" not in auto12
     t9 = explain.text(results["patched"]["dsv4-9.0"], "patched")
-    auto9 = t9.split("\nVLLM_DSV4_PORTABLE=auto")[1].split("\nVLLM_DSV4_PORTABLE=1")[0]
+    auto9 = t9.split(f"\n{LABEL}=auto")[1].split(f"\n{LABEL}=")[0]
     assert [line.split(":")[0] for line in _v4_lines(auto9, "  attention")] == [
         "  attention, vLLM built with FlashMLA", "  attention, vLLM built without FlashMLA"]
     assert "FlashInfer" not in auto9
 
 
-@needs_v4_env
 def test_dsv4_explicit_backend(results):
-    """--backend TRITON_MLA_SPARSE reaches the tree's function: where FlashMLA runs, the tree refuses
-    it and points to VLLM_DSV4_PORTABLE=1 (printed as vLLM's error)."""
+    """--backend TRITON_MLA_SPARSE reaches the tree's function. 0.26.0 line: where FlashMLA runs, the
+    tree refuses it and points to VLLM_DSV4_PORTABLE=1 (printed as vLLM's error). 0.33.0 line: it is
+    the generic name of V4's own Triton class (as FLASHMLA_SPARSE is of FlashMLA's): taken as given."""
     r = results["patched"]["dsv4-9.0-explicit"]
     text = explain.text(r, "patched")
     assert ", --backend TRITON_MLA_SPARSE" in text
-    auto = text.split("\nVLLM_DSV4_PORTABLE=auto")[1].split("\nVLLM_DSV4_PORTABLE=1")[0]
-    assert "  attention, vLLM built with FlashMLA: none; vLLM error: " in auto
-    assert "VLLM_DSV4_PORTABLE=1" in auto
-    assert "  attention, vLLM built without FlashMLA: DeepseekV4TritonAttention" in auto
+    auto = text.split(f"\n{LABEL}=auto")[1].split(f"\n{LABEL}=")[0]
+    if V4_BY_ENV:
+        assert "  attention, vLLM built with FlashMLA: none; vLLM error: " in auto
+        assert "VLLM_DSV4_PORTABLE=1" in auto
+        assert "  attention, vLLM built without FlashMLA: DeepseekV4TritonAttention" in auto
+    else:
+        assert {c["attention"]["class"] for c in r["dsv4"]["cases"]} == {"DeepseekV4TritonAttention"}
+        assert _v4_lines(auto, "  attention") == [
+            "  attention: DeepseekV4TritonAttention (backend TRITON_MLA_SPARSE_DSV4, fp8_ds_mla cache): "
+            "attention backend"]
     with pytest.raises(UsageError, match="Unknown attention backend: 'NO_SUCH_BACKEND'"):
         explain._check(results["patched"]["dsv4-9.0-bad-backend"])
 
 
-@needs_v4_env
 def test_dsv4_config_json_same_as_preset(results):
     a, b = results["patched"]["cfg-dsv4-9.0"], results["patched"]["dsv4-9.0"]
     explain._check(a)
@@ -405,38 +412,38 @@ def test_dsv4_config_json_same_as_preset(results):
         assert a["model"][key] == b["model"][key], key
 
 
-@needs_v4_env
 @pytest.mark.parametrize("name", DSV4_BOTH)
 def test_dsv4_pristine_tree(results, name):
-    """The pristine tree: upstream's class from its own _select_dsv4_attn_cls, no VLLM_DSV4_PORTABLE
+    """The pristine tree: upstream's class from its own _select_dsv4_attn_cls, no switch
     and no mHC / o_proj / CuTe DSL choice (the series' route is absent), said so."""
     pri, pat = results["pristine"][name], results["patched"][name]
     explain._check(pri)
     assert not pri["dsv4"]["series_route"] and pat["dsv4"]["series_route"]
     text = explain.text(pri, "pristine")
-    assert "\nVLLM_DSV4_PORTABLE: not in this tree (the series' switch is absent):\n" in text
+    assert pri["dsv4"]["switch"] is None
+    assert "\nthe series' DeepSeek-V4 switch: not in this tree:\n" in text
     assert "  mHC, o_proj, CuTe DSL: no choice in this tree: the series' route" in text
     assert "DeepseekV4TritonAttention" not in text and "\n  mHC: " not in text
     upstream = {c["attention"]["class"] for c in pri["dsv4"]["cases"]}
     assert upstream == {"DeepseekV4FlashMLAAttention" if pri["capability"] == "8.6"
                         else "DeepseekV4FlashInferSM120Attention"}
-    # VLLM_DSV4_PORTABLE=0 of the patched tree is pristine's choice
-    assert {c["attention"]["class"] for c in pat["dsv4"]["cases"] if c["VLLM_DSV4_PORTABLE"] == "0"} == upstream
+    # the patched tree's upstream value (VLLM_DSV4_PORTABLE=0, deepseek_v4_kernels=upstream) is pristine's choice
+    assert {c["attention"]["class"] for c in pat["dsv4"]["cases"] if c[KEY] == UPSTREAM} == upstream
     assert "\nindexer: none" in text if pri["capability"] == "8.6" else "\nindexer: DeepGEMM" in text
 
 
-@needs_v4_env
 def test_dsv4_matrix_text(results):
     rs = [results["patched"][k] for k in ("dsv4-8.6", "dsv4-9.0", "dsv4-12.0")]
     text = explain.matrix_text(rs, "patched")
     rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
-    assert rows[0] == "| cc | VLLM_DSV4_PORTABLE | attention | mHC, o_proj, compressor |"
+    assert rows[0] == f"| cc | {LABEL} | attention | mHC, o_proj, compressor |"
     assert len(rows) == 1 + 3 * 3
-    assert "| 8.6 | 0 | FlashMLA (its backend: not 8.6) |" in text
+    assert f"| 8.6 | {UPSTREAM} | FlashMLA (its backend: not 8.6) |" in text
     assert ("| 9.0 | auto | FlashMLA (vLLM built with FlashMLA) / Triton (vLLM built without FlashMLA) |"
             in text)
     for r in rs:
-        assert f"| {r['capability']} | 1 | Triton | mHC torch/Triton, o_proj bf16, compressor Triton |" in text
+        assert (f"| {r['capability']} | {PORTABLE} | Triton | mHC torch/Triton, o_proj bf16, compressor Triton |"
+                in text)
 
 
 def test_dsv4_variants_label_only_inputs_that_change_the_answer():
@@ -454,7 +461,6 @@ def test_dsv4_variants_label_only_inputs_that_change_the_answer():
     assert explain.dsv4_variants(no_fi, lambda c: c["cls"]) == [([], "A")]
 
 
-@needs_v4_env
 def test_cli_dsv4_json(vllm_tree):
     """--json for DeepSeek-V4: the cell, the model, the tree's functions and every case asked."""
     res = _cli(vllm_tree, "--model", "deepseek-v4", "--capability", "8.9", "--json")
@@ -463,7 +469,7 @@ def test_cli_dsv4_json(vllm_tree):
     assert data["tree"].startswith("patched work tree") and data["capability"] == "8.9"
     assert data["model"]["model_type"] == "deepseek_v4" and "selected" not in data
     d = data["dsv4"]
-    assert set(d) == {"selector", "series_route", "inputs", "cases", "stand_ins"}
+    assert set(d) == {"selector", "series_route", "switch", "inputs", "cases", "stand_ins"}
     assert d["selector"] == "vllm.models.deepseek_v4.nvidia.model._select_dsv4_attn_cls"
     assert len(d["cases"]) == 3 * 2 * 2
     for c in d["cases"]:
@@ -472,7 +478,7 @@ def test_cli_dsv4_json(vllm_tree):
                                        "fp8_ds_mla_layout"}
         assert set(c["mhc"]) == {"kernels", "reason"} and set(c["o_proj"]) == {"path", "reason"}
         assert isinstance(c["cutedsl"], bool)
-    auto = [c for c in d["cases"] if c["VLLM_DSV4_PORTABLE"] == "auto"]
+    auto = [c for c in d["cases"] if c[KEY] == "auto"]
     assert {c["attention"]["class"] for c in auto} == {"DeepseekV4TritonAttention"}
     assert all(c["cutedsl"] for c in auto)  # sm89: the CuTe DSL compressor runs
     assert data["indexer"]["path"] == "deepgemm" or data["indexer"]["path"] == "triton"
@@ -487,3 +493,31 @@ def test_cli_dsv4_refuses_options_it_does_not_read(vllm_tree, args, msg):
     res = _cli(vllm_tree, "--model", "deepseek-v4", "--capability", "9.0", *args)
     assert res.exit_code == 2, res.output
     assert msg in res.output
+
+
+def test_explain_runs_in_the_lines_python(tmp_path):
+    """A line with its own requirements (requirements/line-<release>.txt) explains in its own Python,
+    .venv-<release>; where that is missing, explain stops before any tree is read and names the make
+    target that builds it. A line without such a file uses this interpreter."""
+    from smla.project import Project
+
+    root = tmp_path / "root"
+    (root / "lines" / "0.33.0").mkdir(parents=True)
+    (root / "lines" / "0.33.0" / "vllm-pin.txt").write_text((REPO_ROOT / "lines" / "0.33.0" / "vllm-pin.txt")
+                                                            .read_text())
+    project = Project.at(root, "0.33.0")
+    assert explain.line_python(project) is None  # no requirements/line-0.33.0.txt here
+    (root / "requirements").mkdir()
+    (root / "requirements" / "line-0.33.0.txt").write_text("triton==3.8.0\n")
+    with pytest.raises(UsageError, match=r"\.venv-0\.33\.0/bin/python, which is not there") as exc:
+        explain.line_python(project)
+    assert "make venv VLLM=0.33.0" in exc.value.hint
+    py = root / ".venv-0.33.0" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.write_text("")
+    assert explain.line_python(project) == str(py)
+    py.unlink()
+    res = CliRunner().invoke(main, ["--root", str(root), "--line", "0.33.0", "explain", "--model", "glm-5",
+                                    "--capability", "8.6"])
+    assert res.exit_code == 2, res.output
+    assert "which is not there" in res.output and "make venv VLLM=0.33.0" in res.output

@@ -304,6 +304,8 @@ DSV4_MODEL = "vllm.models.deepseek_v4.nvidia.model"
 DSV4_PORTABLE = "vllm.models.deepseek_v4.nvidia.portable"
 DSV4_OPS = "vllm.models.deepseek_v4.nvidia.ops"
 DSV4_ENV = "VLLM_DSV4_PORTABLE"
+# 0.33.0+: the series' switch is KernelConfig.deepseek_v4_kernels (--kernel-config), not an env var
+DSV4_CONFIG_FIELD = "deepseek_v4_kernels"
 _FLASHMLA_OPS = "vllm.v1.attention.ops.flashmla"
 _DEEP_GEMM_UTILS = "vllm.utils.deep_gemm"
 _CUTLASS_NOTE = ("vllm._custom_ops.cutlass_scaled_mm_supports_* (compiled _C queries run at import: "
@@ -344,11 +346,24 @@ def import_dsv4() -> types.SimpleNamespace:
                                  stand_ins=([_CUTLASS_NOTE] if saved else []) + [_DSV4_PACKAGES_NOTE])
 
 
-def dsv4_has_env() -> bool:
-    """Whether the tree's vllm.envs knows VLLM_DSV4_PORTABLE (the series' switch)."""
-    import vllm.envs as envs
+def dsv4_switch() -> tuple[str | None, list[str | None]]:
+    """The series' DeepSeek-V4 kernel switch in this tree and the values to ask it with:
+    (VLLM_DSV4_PORTABLE, its values) where the tree's vllm.envs knows it (0.26.0 line),
+    (deepseek_v4_kernels, its values) where KernelConfig has that field (0.33.0 line), else
+    (None, [None]) (no series)."""
+    import typing
 
-    return DSV4_ENV in getattr(envs, "environment_variables", {})
+    import vllm.envs as envs
+    from vllm.config import KernelConfig
+
+    if DSV4_ENV in getattr(envs, "environment_variables", {}):
+        return DSV4_ENV, ["auto", "1", "0"]
+    field = getattr(KernelConfig, "__dataclass_fields__", {}).get(DSV4_CONFIG_FIELD)
+    if field is not None:
+        hint = typing.get_type_hints(KernelConfig).get(DSV4_CONFIG_FIELD, field.type)
+        values = list(typing.get_args(hint)) or ["auto"]
+        return DSV4_CONFIG_FIELD, ["auto", *[v for v in values if v != "auto"]]
+    return None, [None]
 
 
 def dsv4_has_flashinfer_input(mods: types.SimpleNamespace) -> bool:
@@ -376,8 +391,9 @@ def _dsv4_caches(mods: types.SimpleNamespace) -> list:
 @contextlib.contextmanager
 def dsv4_inputs(mods: types.SimpleNamespace, portable_env: str | None, flashinfer_sm120: bool | None,
                 flashmla: bool):
-    """One DeepSeek-V4 case: VLLM_DSV4_PORTABLE (None: unset), FlashInfer's sm120 kernel (None: not
-    asked by the tree) and vLLM's FlashMLA build, plus the installed packages; all undone after."""
+    """One DeepSeek-V4 case: VLLM_DSV4_PORTABLE (None: unset; a KernelConfig switch is not set
+    here but passed to the selectors), FlashInfer's sm120 kernel (None: not asked by the tree) and
+    vLLM's FlashMLA build, plus the installed packages; all undone after."""
     patches = [(mods.flashmla, "_flashmla_C_AVAILABLE", flashmla),
                (mods.flashmla, "_flashmla_extension_C_AVAILABLE", flashmla),
                (mods.deep_gemm, "has_deep_gemm", lambda: True)]

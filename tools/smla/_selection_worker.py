@@ -325,29 +325,40 @@ class _Selection:
                                   f"Unknown attention backend: {c['backend']!r}")
             return res
         mods = self.dsv4
-        envs = ["auto", "1", "0"] if standins.dsv4_has_env() else [None]
+        switch, values = standins.dsv4_switch()
         flashinfer = [True, False] if standins.dsv4_has_flashinfer_input(mods) else [None]
         cases = []
-        for env in envs:
+        for value in values:
+            env = value if switch == DSV4_ENV else None
+            choice = value if switch == standins.DSV4_CONFIG_FIELD else None
             for fi in flashinfer:
                 for flashmla in (True, False):
                     with standins.dsv4_inputs(mods, env, fi, flashmla), \
                             contextlib.redirect_stdout(io.StringIO()):
-                        case = {DSV4_ENV: env, "flashinfer_sm120": fi, "flashmla": flashmla}
-                        case.update(self._dsv4_case(mods, cap, backend_enum))
+                        case = {switch or "switch": value, "flashinfer_sm120": fi, "flashmla": flashmla}
+                        case.update(self._dsv4_case(mods, cap, backend_enum, choice))
                     cases.append(case)
         res["dsv4"] = {
             "selector": f"{standins.DSV4_MODEL}._select_dsv4_attn_cls",
             "series_route": mods.portable is not None,
-            "inputs": {DSV4_ENV: envs, "flashinfer_sm120": flashinfer, "flashmla": [True, False]},
+            "switch": switch,
+            "inputs": {switch or "switch": values, "flashinfer_sm120": flashinfer, "flashmla": [True, False]},
             "cases": cases,
             "stand_ins": list(mods.stand_ins),
         }
         res["indexer"] = self._indexer_facts()
         return res
 
-    def _dsv4_case(self, mods, cap, backend_enum) -> dict[str, Any]:
-        vllm_config = self.VllmConfig(attention_config=self.AttentionConfig(backend=backend_enum))
+    def _dsv4_case(self, mods, cap, backend_enum, choice: str | None) -> dict[str, Any]:
+        """One case; `choice`: the KernelConfig switch's value (0.33.0 line), None where the tree
+        has none (0.26.0 line: the env var, set by dsv4_inputs)."""
+        kwargs = {"attention_config": self.AttentionConfig(backend=backend_enum)}
+        if choice is not None:
+            from vllm.config import KernelConfig
+
+            kwargs["kernel_config"] = KernelConfig(**{standins.DSV4_CONFIG_FIELD: choice})
+        vllm_config = self.VllmConfig(**kwargs)
+        select_args = () if choice is None else (choice,)
         out: dict[str, Any] = {"attention": None, "error": None}
         try:
             cls = mods.model._select_dsv4_attn_cls(vllm_config)
@@ -366,13 +377,14 @@ class _Selection:
             }
         out["mhc"] = out["o_proj"] = None
         if mods.portable is not None:
-            kernels, why = mods.portable.select_dsv4_mhc_kernels()
+            kernels, why = mods.portable.select_dsv4_mhc_kernels(*select_args)
             out["mhc"] = {"kernels": {f: getattr(kernels, f).__module__.rsplit(".", 1)[-1]
-                                      for f in kernels._fields}, "reason": why}
-            path, why = mods.portable.select_dsv4_o_proj()
+                                      for f in kernels._fields if callable(getattr(kernels, f))},
+                          "reason": why}
+            path, why = mods.portable.select_dsv4_o_proj(*select_args)
             out["o_proj"] = {"path": path, "reason": why}
         supported = getattr(mods.ops, "cutedsl_supported", None)
-        out["cutedsl"] = bool(supported()) if supported is not None else None
+        out["cutedsl"] = bool(supported(*select_args)) if supported is not None else None
         return out
 
     def _indexer_facts(self) -> dict[str, Any]:

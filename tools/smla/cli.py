@@ -407,14 +407,16 @@ def explain(c: Ctx, model, capability, dtype, kv_cache_dtype, heads, tp, tree_sp
     compiled modules): every backend of the CUDA priority list, valid or not
     with vLLM's reasons, then the auto-selection or vLLM's error. DeepSeek-V4
     picks its kernels itself: its attention class, mHC, o_proj and CuTe DSL
-    routes per VLLM_DSV4_PORTABLE value. See docs/explain.md.
+    routes per value of the series' switch (VLLM_DSV4_PORTABLE on 0.26.0,
+    --kernel-config deepseek_v4_kernels on 0.33.0). The selection runs in the
+    line's Python (.venv-<release> where the line has one). See docs/explain.md.
     """
     from smla import explain as explain_mod
 
     c.project.pin()
     click.echo(explain_mod.run(c.tree, model, capability=capability, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                                heads=heads, tp=tp, tree_spec=tree_spec, backend=backend, matrix=matrix,
-                               as_json=as_json), nl=False)
+                               as_json=as_json, python=explain_mod.line_python(c.project)), nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

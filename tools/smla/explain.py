@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -45,6 +46,7 @@ from smla.explain_dsv4 import (  # noqa: F401  (the DeepSeek-V4 output, as the d
 from smla.explain_text import matrix_text as mla_matrix_text
 from smla.explain_text import text as mla_text
 from smla.explain_text import to_dict
+from smla.project import Project
 from smla.treeinfo import BASE_TAG, base_commit
 
 log = logging.getLogger("smla.explain")
@@ -175,12 +177,29 @@ def render(results: list[dict[str, Any]], tree_desc: str, *, matrix: bool = Fals
 
 
 def run(work_tree: Path, model: str, *, tree_spec: str = TREE_PATCHED, matrix: bool = False,
-        as_json: bool = False, **options) -> str:
+        as_json: bool = False, python: str | None = None, **options) -> str:
     """`smla explain`: one case (or the whole matrix) on one tree, rendered as text or JSON.
+    `python`: the interpreter the tree's selection runs in (`line_python`; None: this one).
     `options`: those of `plan` (capability, dtype, kv_cache_dtype, heads, tp, backend)."""
     cells = plan(model, matrix=matrix, **options)  # inputs first: before a tree is exported
     tree, desc = resolve_tree(tree_spec, work_tree)
-    return render(explain_many([(tree, cells)])[0], desc, matrix=matrix, as_json=as_json)
+    return render(explain_many([(tree, cells)], python=python)[0], desc, matrix=matrix, as_json=as_json)
+
+
+def line_python(project: Project) -> str | None:
+    """The interpreter a line's vLLM imports with (Project.line_python): None where it is this
+    one or the toolkit's own serves; a line whose Python is missing is an error naming the make
+    target that builds it (vLLM 0.33.0 imports packages, and pins a Triton, the toolkit's .venv
+    does not have)."""
+    py = project.line_python
+    if py is None or Path(sys.prefix).resolve() == py.parent.parent.resolve():
+        return None
+    if not py.is_file():
+        raise UsageError(f"line {project.line}'s vLLM imports with its own Python, {project.rel(py)}, "
+                         "which is not there",
+                         hint=f"run `make venv VLLM={project.line}` (it installs "
+                              f"requirements/line-{project.line}.txt into .venv-{project.line})")
+    return str(py)
 
 
 # --------------------------------------------------------------------------
@@ -243,15 +262,16 @@ def pristine_tree(work_tree: Path) -> Path:
 # running
 # --------------------------------------------------------------------------
 
-def explain_many(jobs: list[tuple[Path, list[selection.Cell]]]) -> list[list[dict[str, Any]]]:
+def explain_many(jobs: list[tuple[Path, list[selection.Cell]]],
+                 python: str | None = None) -> list[list[dict[str, Any]]]:
     """Every cell of every tree (one interpreter per tree, run concurrently).
 
     A result the tree refuses (bad config, unknown backend, a non-MLA model)
     raises UsageError."""
     if len(jobs) == 1:
-        out = [selection.run_selection(*jobs[0])]
+        out = [selection.run_selection(*jobs[0], python=python)]
     else:
-        out = selection.run_selections(jobs)
+        out = selection.run_selections(jobs, python=python)
     for results in out:
         for r in results:
             _check(r)

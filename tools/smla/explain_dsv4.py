@@ -23,11 +23,28 @@ _DSV4_UPSTREAM = ("upstream's CUDA model calls its TileLang/DeepGEMM mHC kernels
                   "compressor on every GPU")
 
 
+def dsv4_switch(result: dict[str, Any]) -> str:
+    """The key of the series' switch in each case: VLLM_DSV4_PORTABLE (0.26.0 line),
+    KernelConfig's deepseek_v4_kernels (0.33.0 line), "switch" where the tree has none."""
+    d = result["dsv4"]
+    return d["switch"] or "switch" if "switch" in d else DSV4_ENV
+
+
+def dsv4_switch_label(result: dict[str, Any]) -> str:
+    """How a user sets the switch: the env var, or the --kernel-config field."""
+    d = result["dsv4"]
+    if "switch" in d and d["switch"] is None:
+        return "the series' DeepSeek-V4 switch"
+    name = dsv4_switch(result)
+    return name if name == DSV4_ENV else f"--kernel-config {name}"
+
+
 def dsv4_groups(result: dict[str, Any]) -> list[tuple[str | None, list[dict[str, Any]]]]:
-    """[(VLLM_DSV4_PORTABLE value or None, its cases)], in the order asked."""
+    """[(the switch's value or None, its cases)], in the order asked."""
     groups: dict[str | None, list[dict[str, Any]]] = {}
+    key = dsv4_switch(result)
     for case in result["dsv4"]["cases"]:
-        groups.setdefault(case[DSV4_ENV], []).append(case)
+        groups.setdefault(case[key], []).append(case)
     return list(groups.items())
 
 
@@ -98,9 +115,10 @@ def dsv4_text(result: dict[str, Any], tree_desc: str) -> str:
         "",
     ]
     shows = _dsv4_shows(r["capability"])
+    label = dsv4_switch_label(r)
     for env, cases in dsv4_groups(r):
-        lines.append(f"{DSV4_ENV}={env}" + (" (the default):" if env == "auto" else ":") if env is not None else
-                     f"{DSV4_ENV}: not in this tree (the series' switch is absent):")
+        lines.append(f"{label}={env}" + (" (the default):" if env == "auto" else ":") if env is not None else
+                     f"{label}: not in this tree:")
         for name, show in shows.items():
             variants = dsv4_variants(cases, show)
             if all(v is None for _, v in variants):
@@ -135,7 +153,7 @@ def dsv4_short_route(case: dict[str, Any]) -> str:
     """The mHC, o_proj and CuTe DSL routes in a few words (the head of the tree's own reasons)."""
     parts = []
     if case["mhc"]:
-        parts.append("mHC " + case["mhc"]["reason"].split(":")[0].split(", forced")[0])
+        parts.append("mHC " + case["mhc"]["reason"].split(":")[0].split(", forced")[0].split(" (")[0])
     if case["o_proj"]:
         parts.append("o_proj " + {"deep_gemm": "DeepGEMM"}.get(case["o_proj"]["path"], case["o_proj"]["path"]))
     if case["cutedsl"] is not None:
@@ -161,7 +179,7 @@ def dsv4_matrix_text(results: list[dict[str, Any]], tree_desc: str) -> str:
              f"model: {first.get('preset', '?')}; DeepSeek-V4's own choice"
              + (f"; requested backend {first['backend']}" if first.get("backend") else ""),
              "",
-             f"| cc | {DSV4_ENV} | attention | mHC, o_proj, compressor |",
+             f"| cc | {dsv4_switch_label(first)} | attention | mHC, o_proj, compressor |",
              "|---|---|---|---|"]
     for r in results:
         for env, cases in dsv4_groups(r):

@@ -130,6 +130,15 @@ class Project:
         return Path(os.environ.get(TREE_ENV) or self.line_tree)
 
     @property
+    def line_python(self) -> Path | None:
+        """The Python a line's vLLM imports with: .venv-<release>/bin/python where the line pins its
+        own requirements (requirements/line-<release>.txt: 0.33.0's Triton 3.8 and the packages its
+        vLLM newly imports; the Makefile builds it), None where the toolkit's own Python serves."""
+        if not (self.root / "requirements" / f"line-{self.line}.txt").is_file():
+            return None
+        return self.root / f".venv-{self.line}" / "bin" / "python"
+
+    @property
     def dist_dir(self) -> Path:
         return self.root / "dist"
 

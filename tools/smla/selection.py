@@ -215,13 +215,13 @@ def run_selection(tree: str | os.PathLike, cells: list[Cell],
 
 
 def run_selections(jobs: list[tuple[str | os.PathLike, list[Cell]]],
-                   timeout: float = 600.0) -> list[list[dict[str, Any]]]:
+                   timeout: float = 600.0, python: str | None = None) -> list[list[dict[str, Any]]]:
     """run_selection for several trees at once (one interpreter each, run
     concurrently); results in the order of `jobs`."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
-        futures = [pool.submit(run_selection, tree, cells, timeout) for tree, cells in jobs]
+        futures = [pool.submit(run_selection, tree, cells, timeout, python) for tree, cells in jobs]
         return [f.result() for f in futures]
 
 
