@@ -26,16 +26,19 @@ upstream pick: every expectation is pristine's answer plus the policy:
 
 DeepSeek-V4 picks its kernels itself (nvidia/model.py::_select_dsv4_attn_cls, and with the
 series nvidia/portable.py and ops.cutedsl_supported), asked per capability with every value of
-VLLM_DSV4_PORTABLE, with and without FlashInfer's sm120 kernel and vLLM's FlashMLA build:
+the series' switch (0.26.0: VLLM_DSV4_PORTABLE auto/1/0; 0.33.0: KernelConfig.deepseek_v4_kernels
+auto/portable/upstream), with and without FlashInfer's sm120 kernel and vLLM's FlashMLA build:
 
-  V1  VLLM_DSV4_PORTABLE=auto: pristine's class where its kernel is there (its backend supports
-      the capability, and FlashMLA is built / FlashInfer has its sm120 kernel), else
-      DeepseekV4TritonAttention; mHC and o_proj keep TileLang/DeepGEMM from sm90 (they are
-      installed), the portable ones below; the CuTe DSL compressor from sm89
-  V2  VLLM_DSV4_PORTABLE=1: the Triton class and the portable mHC, o_proj and compressor everywhere
-  V3  VLLM_DSV4_PORTABLE=0: pristine's class everywhere, upstream's mHC and o_proj
-  V4  --attention-backend TRITON_MLA_SPARSE names the Triton class where it is picked anyway
-      (or forced by =1); elsewhere the tree refuses and points to VLLM_DSV4_PORTABLE
+  V1  auto: pristine's class where its kernel is there (its backend supports the capability,
+      and FlashMLA is built / FlashInfer has its sm120 kernel), else DeepseekV4TritonAttention;
+      mHC and o_proj keep TileLang/DeepGEMM from sm90 (they are installed), the portable ones
+      below; the CuTe DSL compressor from sm89
+  V2  portable (=1): the Triton class and the portable mHC, o_proj and compressor everywhere
+  V3  upstream (=0): pristine's class everywhere, upstream's mHC and o_proj (0.33.0: and the
+      CuTe DSL wherever cutlass is, upstream's own choice)
+  V4  --attention-backend TRITON_MLA_SPARSE: 0.33.0 takes it as the Triton class everywhere;
+      0.26.0 names the Triton class where it is picked anyway (or forced by =1), elsewhere the
+      tree refuses and points to VLLM_DSV4_PORTABLE
 
 "Our kernel can run" (ours_can_run) is the kernel's contract, not an
 observation: compute capability >= 8.0, and either a 16-bit KV cache in the
@@ -89,10 +92,15 @@ EXPLICIT_CELLS = S.matrix_cells(backend=OURS) + [
 DSV4 = "deepseek-v4"
 DSV4_CELLS = explain.matrix_cells(DSV4)
 DSV4_EXPLICIT_CELLS = explain.matrix_cells(DSV4, backend=OURS)
-# The DSV4 cells ask the 0.26.0 line's switch, VLLM_DSV4_PORTABLE; a line whose series chooses
-# DeepSeek-V4's kernels otherwise (0.33.0) has its own check, run by test_line_selection_proof below.
+# The DSV4 cells ask the series' switch with each of its values: VLLM_DSV4_PORTABLE (auto, 1, 0) on
+# the 0.26.0 line, KernelConfig.deepseek_v4_kernels (auto, portable, upstream) on the 0.33.0 line.
+# V4_KEY: its key in a case; V4_VALUES: auto, the portable value, the upstream value.
 V4_BY_ENV = lineproofs.v4_by_env()
-needs_v4_env = lineproofs.needs_v4_env("smla's DeepSeek-V4 selection query")
+if V4_BY_ENV:
+    V4_KEY, V4_VALUES, V4_LABEL = "VLLM_DSV4_PORTABLE", ["auto", "1", "0"], "VLLM_DSV4_PORTABLE={}"
+else:
+    V4_KEY, V4_VALUES, V4_LABEL = "deepseek_v4_kernels", ["auto", "portable", "upstream"], "deepseek_v4_kernels={}"
+V4_PORTABLE, V4_UPSTREAM = V4_VALUES[1], V4_VALUES[2]
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +114,8 @@ def trees(vllm_tree):
     pristine_tree = explain.pristine_tree(vllm_tree)
     # DeepSeek-V4's cells last: its query imports the V4 model code, after every MLA answer
     patched, pristine = S.run_selections(
-        [(vllm_tree, AUTO_CELLS + EXPLICIT_CELLS + (DSV4_CELLS + DSV4_EXPLICIT_CELLS if V4_BY_ENV else [])),
-         (pristine_tree, AUTO_CELLS + AUTO_CELLS[::-1] + (DSV4_CELLS if V4_BY_ENV else []))])
+        [(vllm_tree, AUTO_CELLS + EXPLICIT_CELLS + DSV4_CELLS + DSV4_EXPLICIT_CELLS),
+         (pristine_tree, AUTO_CELLS + AUTO_CELLS[::-1] + DSV4_CELLS)])
     n, m = len(AUTO_CELLS), len(AUTO_CELLS) + len(EXPLICIT_CELLS)
     first, second = pristine[:n], pristine[n:2 * n][::-1]
     return {"patched": {_key(r): r for r in patched[:m]},
@@ -278,7 +286,6 @@ def test_docs_selection_table(trees, update_docs):
 # --------------------------------------------------------------------------- DeepSeek-V4
 
 TRITON_V4 = "DeepseekV4TritonAttention"
-V4_ENVS = ["auto", "1", "0"]
 # What each upstream class needs besides a capability its backend supports (the inputs asked).
 V4_NEEDS = {"DeepseekV4FlashMLAAttention": "flashmla", "DeepseekV4FlashInferSM120Attention": "flashinfer_sm120"}
 
@@ -289,8 +296,13 @@ def _v4(trees, side, cell):
     return r
 
 
+def _v4_switch(r, c):
+    """The case's value of the series' switch (None on a tree without it)."""
+    return c[r["dsv4"]["switch"] or "switch"]
+
+
 def _v4_case(r, env, flashinfer_sm120, flashmla):
-    return next(c for c in r["dsv4"]["cases"] if (c["VLLM_DSV4_PORTABLE"], c["flashinfer_sm120"], c["flashmla"])
+    return next(c for c in r["dsv4"]["cases"] if (_v4_switch(r, c), c["flashinfer_sm120"], c["flashmla"])
                 == (env, flashinfer_sm120, flashmla))
 
 
@@ -298,10 +310,9 @@ def _v4_ids(cells):
     return [f"{c.capability}" + (f"-{c.backend}" if c.backend else "") for c in cells]
 
 
-@needs_v4_env
 def test_dsv4_every_capability_answered(trees):
     """Both trees answer DeepSeek-V4 through its own functions, each input asked both ways where
-    the tree reads it; the pristine tree has no VLLM_DSV4_PORTABLE and none of the series' route."""
+    the tree reads it; the pristine tree has no switch and none of the series' route."""
     assert [c.capability for c in DSV4_CELLS] == S.CAPABILITIES
     for cell in DSV4_CELLS:
         pat, pri = _v4(trees, "patched", cell), _v4(trees, "pristine", cell)
@@ -310,9 +321,11 @@ def test_dsv4_every_capability_answered(trees):
             assert "selected" not in r and "priority" not in r  # not vLLM's backend selector
             assert r["dsv4"]["selector"].endswith("nvidia.model._select_dsv4_attn_cls")
         assert pat["dsv4"]["series_route"] and not pri["dsv4"]["series_route"]
-        assert pat["dsv4"]["inputs"] == {"VLLM_DSV4_PORTABLE": V4_ENVS, "flashinfer_sm120": [True, False],
-                                         "flashmla": [True, False]}
-        assert pri["dsv4"]["inputs"] == {"VLLM_DSV4_PORTABLE": [None], "flashinfer_sm120": [None],
+        assert pat["dsv4"]["switch"] == V4_KEY and pri["dsv4"]["switch"] is None
+        inputs = dict(pat["dsv4"]["inputs"])
+        assert inputs.pop(V4_KEY)[0] == "auto" and set(pat["dsv4"]["inputs"][V4_KEY]) == set(V4_VALUES)
+        assert inputs == {"flashinfer_sm120": [True, False], "flashmla": [True, False]}
+        assert pri["dsv4"]["inputs"] == {"switch": [None], "flashinfer_sm120": [None],
                                          "flashmla": [True, False]}
         assert len(pat["dsv4"]["cases"]) == 12 and len(pri["dsv4"]["cases"]) == 2
         for c in pri["dsv4"]["cases"]:
@@ -330,7 +343,6 @@ def _upstream_runs(pristine_case, case) -> bool:
     return a["backend_supports_capability"] and (need is None or case[need])
 
 
-@needs_v4_env
 @pytest.mark.parametrize("cell", DSV4_CELLS, ids=_v4_ids(DSV4_CELLS))
 def test_dsv4_policy(trees, cell):
     pat, pri = _v4(trees, "patched", cell), _v4(trees, "pristine", cell)
@@ -339,36 +351,43 @@ def test_dsv4_policy(trees, cell):
         upstream = _v4_case(pri, None, None, c["flashmla"])
         got, theirs = c["attention"]["class"], upstream["attention"]["class"]
         portable_mhc = set(c["mhc"]["kernels"].values()) <= {"torch", "triton"}
-        if c["VLLM_DSV4_PORTABLE"] == "1":  # V2
+        value = c[V4_KEY]
+        if value == V4_PORTABLE:  # V2
             assert got == TRITON_V4
             assert portable_mhc and c["o_proj"]["path"] == "bf16" and c["cutedsl"] is False
             continue
-        if c["VLLM_DSV4_PORTABLE"] == "0":  # V3
+        if value == V4_UPSTREAM:  # V3
             assert got == theirs
             assert set(c["mhc"]["kernels"].values()) == {"tilelang"} and c["o_proj"]["path"] == "deep_gemm"
-        else:  # V1
-            assert got == (theirs if _upstream_runs(upstream, c) else TRITON_V4), c
-            assert portable_mhc == (major_minor < (9, 0)), c["mhc"]
-            assert c["o_proj"]["path"] == ("bf16" if major_minor < (9, 0) else "deep_gemm"), c["o_proj"]
+            # 0.33.0's "upstream": the CuTe DSL ops wherever cutlass is (upstream's own choice); 0.26.0's
+            # VLLM_DSV4_PORTABLE=0 leaves the CuTe DSL to the default's arch check
+            assert c["cutedsl"] is (True if not V4_BY_ENV else major_minor >= (8, 9))
+            continue
+        # V1 (auto)
+        assert got == (theirs if _upstream_runs(upstream, c) else TRITON_V4), c
+        assert portable_mhc == (major_minor < (9, 0)), c["mhc"]
+        assert c["o_proj"]["path"] == ("bf16" if major_minor < (9, 0) else "deep_gemm"), c["o_proj"]
         assert c["cutedsl"] is (major_minor >= (8, 9))
 
 
-@needs_v4_env
 @pytest.mark.parametrize("cell", DSV4_EXPLICIT_CELLS, ids=_v4_ids(DSV4_EXPLICIT_CELLS))
 def test_dsv4_explicit_triton(trees, cell):  # V4
+    """--attention-backend TRITON_MLA_SPARSE: 0.33.0 takes it as V4's Triton class on every GPU (as
+    FLASHMLA_SPARSE is FlashMLA's); 0.26.0 takes it where the Triton class is picked anyway and
+    refuses it elsewhere, naming VLLM_DSV4_PORTABLE."""
     r = _v4(trees, "patched", cell)
     auto = _v4(trees, "patched", dataclasses.replace(cell, backend=None))
     for c in r["dsv4"]["cases"]:
-        env = c["VLLM_DSV4_PORTABLE"]
+        env = c[V4_KEY]
         picked = _v4_case(auto, env, c["flashinfer_sm120"], c["flashmla"])["attention"]["class"]
-        if picked == TRITON_V4:
+        if picked == TRITON_V4 or not V4_BY_ENV:
             assert c["attention"]["class"] == TRITON_V4 and c["error"] is None
         else:
             assert c["attention"] is None and f"VLLM_DSV4_PORTABLE={'0' if env == '0' else '1'}" in c["error"]
 
 
 def dsv4_selection_table(trees) -> list[str]:
-    """The README's DeepSeek-V4 table: a row per capability; per VLLM_DSV4_PORTABLE value the
+    """The README's DeepSeek-V4 table: a row per capability; per value of the series' switch the
     attention class (bold where it is not pristine's) and the mHC, o_proj and compressor route;
     pristine's class; and what proves the row beyond selection."""
     def att(r, cases, pristine_classes):
@@ -378,13 +397,14 @@ def dsv4_selection_table(trees) -> list[str]:
         return " / ".join(f"{v} ({', '.join(labels)})" if labels else v
                           for labels, v in explain.dsv4_variants(cases, show))
 
-    out = ["| capability | " + " | ".join(f"`VLLM_DSV4_PORTABLE={e}`" for e in V4_ENVS)
-           + " | pristine | proven at |", "|---|" + "---|" * (len(V4_ENVS) + 2)]
+    out = ["| capability | " + " | ".join(f"`{V4_LABEL.format(e)}`" for e in V4_VALUES)
+           + " | pristine | proven at |", "|---|" + "---|" * (len(V4_VALUES) + 2)]
     for cell in DSV4_CELLS:
         pat, pri = _v4(trees, "patched", cell), _v4(trees, "pristine", cell)
         pristine_classes = {c["attention"]["class"] for c in pri["dsv4"]["cases"]}
         cells = []
-        for env, cases in explain.dsv4_groups(pat):
+        groups = dict(explain.dsv4_groups(pat))
+        for env, cases in ((v, groups[v]) for v in V4_VALUES):
             route = " / ".join(f"{v} ({', '.join(labels)})" if labels else v
                                for labels, v in explain.dsv4_variants(cases, explain.dsv4_short_route))
             cells.append(f"{att(pat, cases, pristine_classes)}; {route}")
@@ -399,6 +419,9 @@ def dsv4_selection_table(trees) -> list[str]:
         # sm80/86 one, tests/e2e/sm80_paths.py)
         if not triton:
             proof = "selection only"
+        elif not V4_BY_ENV:  # 0.33.0: no GPU ran this line (its engine needs torch 2.14)
+            proof = ("selection; kernels compile-only and under the interpreter (Triton 3.8); the same "
+                     "kernel files ran on the H200 in the 0.26.0 line")
         elif cell.capability == "9.0":
             proof = ("selection; H200: Triton attention and e4m3 kernel tests, the portable path "
                      "through `vllm.LLM` (`=1`)")
@@ -412,7 +435,6 @@ def dsv4_selection_table(trees) -> list[str]:
     return out
 
 
-@needs_v4_env
 def test_docs_dsv4_selection_table(trees, update_docs):
     """docs/proof.md's DeepSeek-V4 table of the line under test is what both trees' own functions answer."""
     import doctext
