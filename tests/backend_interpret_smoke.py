@@ -16,6 +16,9 @@ import sys
 import time
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
+# vllm.triton_utils hands out the real Triton only with an active driver, or none expected: no GPU
+# here, so say so (as a Ray worker does) and the kernels run in the interpreter as on a GPU.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "gpu"))

@@ -71,6 +71,24 @@ def provide_ops_package(tree: Path) -> None:
         pkg.__path__ = [str(Path(tree).joinpath(*parts[:i]))]
         pkg.__smla_stub__ = True
         sys.modules[name] = pkg
+    provide_triton_utils()
+
+
+def provide_triton_utils() -> None:
+    """``vllm.triton_utils`` as the kernel modules see it on a GPU: the real Triton. vLLM's own
+    module hands out its placeholder where no Triton driver is active (this CPU: "0 active
+    driver(s)"), so kernels that import Triton through it would not be Triton functions under
+    the interpreter or the compile checks."""
+    import types
+
+    import triton
+    import triton.language as tl
+
+    mod = types.ModuleType("vllm.triton_utils")
+    mod.__smla_stub__ = True
+    mod.HAS_TRITON, mod.triton, mod.tl = True, triton, tl
+    mod.LOG2E, mod.LOGE2 = 1.4426950408889634, 0.6931471805599453
+    sys.modules["vllm.triton_utils"] = mod
 
 
 def load_sparse_mla_module(tree: Path, interpret: bool = False):
