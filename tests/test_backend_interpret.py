@@ -72,7 +72,7 @@ def test_line_layer_proof(vllm_tree, case):
 # test_triton_mla_sparse.py of the series: validation, KV-cache spec, block stride, top-k width), run
 # by pytest in the tree under the toolkit's stand-ins (tests/lines/<line>/attention/standins_plugin.py);
 # the least number that must pass.
-LINE_TREE_TESTS = {"0.33.0": ("tests/v1/attention/test_triton_mla_sparse.py", 94)}
+LINE_TREE_TESTS = {"0.33.0": ("tests/v1/attention/test_triton_mla_sparse.py", 98)}
 
 
 @pytest.mark.skipif(lineproofs.current_line() not in LINE_TREE_TESTS,
