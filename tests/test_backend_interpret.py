@@ -57,9 +57,9 @@ def test_explicit_backend_validation_reasons(vllm_tree):
 
 
 # tests/lines/<line>/attention/: the layer-level check (vLLM's fused cache writer, sparse metadata
-# builder, MLAAttention.forward_impl and SparseMLACommonImpl with our impl; DeepSeek-V3.2, GLM-5 and
-# GLM-5.2's index group; a mixed decode/prefill batch; 16-bit and fp8_ds_mla caches) against float64.
-LINE_PROOFS = {"0.33.0": [("attention", "test_layer_interpret_033.py", 3)]}
+# builder, MLAAttention.forward_impl and SparseMLACommonImpl with our impl; DeepSeek-V3.2, GLM-5,
+# GLM-5.2's index group and GLM-5.3-Flash's NoPE head 512; a mixed decode/prefill batch; 16-bit and fp8_ds_mla caches) against float64.
+LINE_PROOFS = {"0.33.0": [("attention", "test_layer_interpret_033.py", 4)]}
 
 
 @pytest.mark.parametrize("case", lineproofs.cases(
@@ -72,7 +72,7 @@ def test_line_layer_proof(vllm_tree, case):
 # test_triton_mla_sparse.py of the series: validation, KV-cache spec, block stride, top-k width), run
 # by pytest in the tree under the toolkit's stand-ins (tests/lines/<line>/attention/standins_plugin.py);
 # the least number that must pass.
-LINE_TREE_TESTS = {"0.33.0": ("tests/v1/attention/test_triton_mla_sparse.py", 91)}
+LINE_TREE_TESTS = {"0.33.0": ("tests/v1/attention/test_triton_mla_sparse.py", 98)}
 
 
 @pytest.mark.skipif(lineproofs.current_line() not in LINE_TREE_TESTS,

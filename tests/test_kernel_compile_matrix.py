@@ -13,8 +13,10 @@ compiled for:
   - the fp8_ds_mla cache: bf16 and fp16 queries, with the arch's default
     decode (hardware e4m3 conversion on sm89+, software decode below), and on
     sm89+ also the forced software decode (fp8_hw=False) with bf16,
-and every split-K merge configuration it can launch (BLOCK_S, warps, PDL) for
-bf16/fp16 outputs, all with the pointer/stride alignment Triton's JIT
+and, for NoPE models (GLM-5.3-Flash: head size 512, no rope part, D_PE = 0),
+every configuration the heuristic picks for its heads per GPU (8..64) and its
+2176-wide top-k buffer, for the same cache variants; and every split-K merge
+configuration it can launch (BLOCK_S, warps, PDL) for bf16/fp16 outputs, all with the pointer/stride alignment Triton's JIT
 specializes at run time for vLLM's tensors (it decides whether the gathers
 become pipelined async copies, and so the shared memory; without it the
 16-bit kernel's 32-head tiles seemed to fit the ~99 KB parts and did not).
@@ -53,6 +55,9 @@ SMS = {80: (108, 56, 14), 86: (84, 82, 72, 10), 89: (142, 128, 58, 24),
 HEADS = (1, 8, 16, 20, 32, 48, 64, 96, 128)
 TOKENS = sorted({2 ** i for i in range(15)} | {3, 5, 24, 48, 96, 200, 3000})
 TOPK = (512, 1024, 2048)
+# GLM-5.3-Flash (NoPE): 64 heads / TP, top-k buffer round_up(2048 + kpool 4 - 1, 128).
+NOPE_HEADS = (8, 16, 32, 64)
+NOPE_TOPK = (2176,)
 
 
 # What Triton's JIT specializes at run time for vLLM's shapes: 16-byte aligned
@@ -68,7 +73,7 @@ def _runtime_attrs(fn) -> dict:
     return {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in ALIGNED}
 
 
-def plans(mod, arch: int, kv_cache_dtype: str = "auto"):
+def plans(mod, arch: int, kv_cache_dtype: str = "auto", heads=HEADS, topks=TOPK):
     """(attention configs, merge configs) the heuristic can launch on `arch`
     for a cache of this type (the fp8 kernel has its own tile rule)."""
     import torch
@@ -81,9 +86,9 @@ def plans(mod, arch: int, kv_cache_dtype: str = "auto"):
         for sms in SMS[arch]:
             mod._device_info = lambda dev, s=sms: (s, cap)
             for dtype in (torch.bfloat16, torch.float16):
-                for H in HEADS:
+                for H in heads:
                     for T in TOKENS:
-                        for K in TOPK:
+                        for K in topks:
                             cfg, splits, _ = mod._plan(dtype, torch.device("cpu"), T, H, K, 512,
                                                        None, None, kv_cache_dtype)
                             split = splits > 1
@@ -111,7 +116,9 @@ def compile_matrix(arch: int) -> list[dict]:
     pdl_arch = arch >= 90
     fwd_cfgs, merge_cfgs = plans(mod, arch)
     fp8_cfgs, fp8_merge = plans(mod, arch, "fp8_ds_mla")
-    merge_cfgs = sorted(set(merge_cfgs) | set(fp8_merge))
+    nope_cfgs, nope_merge = plans(mod, arch, heads=NOPE_HEADS, topks=NOPE_TOPK)
+    nope_fp8_cfgs, nope_fp8_merge = plans(mod, arch, "fp8_ds_mla", NOPE_HEADS, NOPE_TOPK)
+    merge_cfgs = sorted(set(merge_cfgs) | set(fp8_merge) | set(nope_merge) | set(nope_fp8_merge))
     variants = [("bf16", "16bit", False), ("fp16", "16bit", False),
                 ("bf16", "fp8_ds_mla", arch >= 89), ("fp16", "fp8_ds_mla", arch >= 89)]
     if arch >= 89:
@@ -119,13 +126,15 @@ def compile_matrix(arch: int) -> list[dict]:
     out = []
     import triton.language as tl
 
-    for dt, kv, hw in variants:
+    runs = [(v, 64, fp8_cfgs if v[1] == "fp8_ds_mla" else fwd_cfgs) for v in variants]
+    runs += [(v, 0, nope_fp8_cfgs if v[1] == "fp8_ds_mla" else nope_cfgs) for v in variants]
+    for (dt, kv, hw), d_pe, cfgs in runs:
         fp8 = kv == "fp8_ds_mla"
-        for bh, bn, bdv, warps, stages, split, deq in (fp8_cfgs if fp8 else fwd_cfgs):
+        for bh, bn, bdv, warps, stages, split, deq in cfgs:
             # the fp8 codes kernel, or the 16-bit kernel (also for fp8 rows
             # dequantised to 16 bits: FP8_DEQUANT)
             fwd = mod._sparse_mla_fwd_fp8_kernel if fp8 and not deq else mod._sparse_mla_fwd_kernel
-            cst = dict(D_NOPE=512, D_PE=64, KV_BS=64, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split,
+            cst = dict(D_NOPE=512, D_PE=d_pe, KV_BS=64, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split,
                        PDL=split and pdl_arch)
             if fp8:
                 # the rope is written as bf16 for either model dtype (the backend)
@@ -142,7 +151,7 @@ def compile_matrix(arch: int) -> list[dict]:
             k = triton.compile(ASTSource(fn=fwd, signature=sig, constexprs=cst,
                                          attrs=_runtime_attrs(fwd)), target=target,
                                options=dict(num_warps=warps, num_stages=stages))
-            rec = dict(arch=arch, kernel="fwd", dtype=dt, kv=kv,
+            rec = dict(arch=arch, kernel="fwd", dtype=dt, kv=kv, nope=d_pe == 0,
                        decode=("hw" if hw else "sw") if fp8 else "-", dequant=deq, BLOCK_H=bh,
                        BLOCK_N=bn, BLOCK_DV=bdv, num_warps=warps, num_stages=stages, split=split,
                        pdl=cst["PDL"], shared=int(k.metadata.shared))
@@ -170,22 +179,28 @@ def test_every_heuristic_config_compiles(children, arch):
     recs = arch_records(children, arch)
     fwd = [x for x in recs if x["kernel"] == "fwd"]
     # the enumeration reaches decode (split) and prefill (no split) plans,
-    # and every cache variant
+    # and every cache variant, with rope (576) and without (NoPE, 512)
     assert any(x["split"] for x in fwd) and any(not x["split"] for x in fwd)
-    kinds = {(x["dtype"], x["kv"], x["decode"]) for x in fwd}
+    for nope in (False, True):
+        kinds = {(x["dtype"], x["kv"], x["decode"]) for x in fwd if x["nope"] == nope}
+        assert kinds == _want_kinds(arch), (nope, kinds)
+        assert {x["split"] for x in fwd if x["nope"] == nope} == {False, True}, nope
+        # both fp8 kernels on every arch: the codes kernel for <= 16-head tiles,
+        # rows dequantised into the 16-bit kernel for the 16-head decode tiles and
+        # 17+ heads (32-head tiles on the ~99 KB parts)
+        fp8 = [x for x in fwd if x["kv"] == "fp8_ds_mla" and x["nope"] == nope]
+        assert any(x["dequant"] for x in fp8) and not all(x["dequant"] for x in fp8), arch
+    assert any(x["kernel"] == "merge" for x in recs)
+    assert_compiled(recs)
+
+
+def _want_kinds(arch: int) -> set:
     want = {("bf16", "16bit", "-"), ("fp16", "16bit", "-"),
             ("bf16", "fp8_ds_mla", "hw" if arch >= 89 else "sw"),
             ("fp16", "fp8_ds_mla", "hw" if arch >= 89 else "sw")}
     if arch >= 89:
         want.add(("bf16", "fp8_ds_mla", "sw"))
-    assert kinds == want, kinds
-    # both fp8 kernels on every arch: the codes kernel for <= 16-head tiles,
-    # rows dequantised into the 16-bit kernel for the 16-head decode tiles and
-    # 17+ heads (32-head tiles on the ~99 KB parts)
-    fp8 = [x for x in fwd if x["kv"] == "fp8_ds_mla"]
-    assert any(x["dequant"] for x in fp8) and not all(x["dequant"] for x in fp8), arch
-    assert any(x["kernel"] == "merge" for x in recs)
-    assert_compiled(recs)
+    return want
 
 
 if __name__ == "__main__":

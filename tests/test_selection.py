@@ -451,7 +451,8 @@ def test_docs_dsv4_selection_table(trees, update_docs):
 # tests/lines/<line>/<group>/<file>: selection checks of code only that line has, and the least number
 # of tests each must pass (a proof whose tests skip fails here).
 LINE_PROOFS = {
-    "0.33.0": [("indexer", "test_selection.py", 13),          # indexer kernels, decode top-k per capability
+    "0.33.0": [("attention", "test_selection_033.py", 2022),  # the backend per cell, with GLM-5.3-Flash (NoPE)
+               ("indexer", "test_selection.py", 13),          # indexer kernels, decode top-k per capability
                ("indexer", "test_vllm_selection_tests.py", 12),  # the tree's own indexer-selection tests
                ("v4", "test_v4_selection_pristine_vs_patched.py", 49)],  # V4 class per KernelConfig option
 }
@@ -461,5 +462,6 @@ LINE_PROOFS = {
 def test_line_selection_proof(vllm_tree, case):
     """0.33.0 chooses the DSA indexer's kernels by arch through its indexer API, and DeepSeek-V4's
     kernels by KernelConfig.deepseek_v4_kernels (the 0.26.0 line: VLLM_DSV4_PORTABLE, which the DSV4
-    cells above ask): the line's own proofs check those, pristine vs patched."""
+    cells above ask): the line's own proofs check those, pristine vs patched, and vLLM 0.33.0's backend
+    selector cell by cell, GLM-5.3-Flash's NoPE head 512 included (smla explain has no such preset)."""
     lineproofs.check(case, vllm_tree, pristine=True)

@@ -54,6 +54,13 @@ def test_series_sparse_mla_fwd(attn, kv_cache_dtype, num_heads, num_tokens):
     attn.test_sparse_mla_fwd(kv_cache_dtype, num_heads, num_tokens, torch.float16, False, topk=64)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_ds_mla"])
+@pytest.mark.parametrize("num_heads,num_tokens", [(8, 1), (64, 3)])
+def test_series_sparse_mla_fwd_nope(attn, kv_cache_dtype, num_heads, num_tokens):
+    """NoPE (GLM-5.3-Flash, head 512): the pooled top-k buffer at top-k 128 (256 wide)."""
+    attn.test_sparse_mla_fwd_nope(kv_cache_dtype, num_heads, num_tokens, torch.float16, topk=128)
+
+
 def test_series_convert(attn):
     attn.test_convert_req_local_to_slots()
 

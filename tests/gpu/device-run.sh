@@ -28,6 +28,9 @@
 #   dsv4     carry .gpu-port/fm .gpu-port/kern : the series' V4 kernel test (series-dsv4-tests.log;
 #            SMLA_SKIP_TESTS=1 skips it), then the DeepSeek-V4 decode benchmark, ours vs
 #            FlashMLA (bench/bench_dsv4.py; $OUT/dsv4.json, bench-dsv4.log)
+#   nope     carry .gpu-port/nope (the kernel files and the series' kernel test, copied from the
+#            work tree: see the phase below): the NoPE (GLM-5.3-Flash, head 512) GPU test
+#            tests/gpu/test_nope_gpu.py and the series' test_sparse_mla_fwd_nope; about a minute
 # installed and fp8 pack their logs into $OUT/logs.tar.xz (a call returns at most 8 files).
 # usage (repo root): bash tests/gpu/device-run.sh all|kernels|backend|bench [pytest args]
 # Results under $OUT: gpu-env.txt, gpu-tests-<phase>.log, gpu-results.jsonl, bench/ (kernels).
@@ -260,6 +263,24 @@ case "$phase" in
     timeout 400 python3 bench/bench_dsv4.py "$out" "$@" > "$out/bench-dsv4.log" 2>&1 || rc=$?
     tail -4 "$out/bench-dsv4.log"
     python3 bench/summarize.py "$out" | tee "$out/summary.txt" || true
+    exit $rc
+    ;;
+  nope)  # carry .gpu-port/nope, made on the CPU side (repo root, after `make patch`) by
+    #   rm -rf .gpu-port/nope && mkdir -p .gpu-port/nope/vllm/v1/attention/ops \
+    #     .gpu-port/nope/tests/kernels/attention && t=work/0.33.0/vllm \
+    #   && cp $t/vllm/__init__.py .gpu-port/nope/vllm/ \
+    #   && cp $t/vllm/v1/attention/ops/triton_{sparse_mla,launch,fp8_e4m3}.py .gpu-port/nope/vllm/v1/attention/ops/ \
+    #   && cp $t/tests/kernels/attention/test_triton_sparse_mla.py .gpu-port/nope/tests/kernels/attention/
+    sha256sum "$b"/nope/vllm/v1/attention/ops/*.py | tee -a "$out/gpu-env-$phase.txt"
+    export SMLA_TREE=$PWD/$b/nope SMLA_GPU_RESULTS=$out/nope-gpu-results.jsonl
+    rc=0
+    timeout 150 python3 -m pytest tests/gpu/test_nope_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
+      > "$out/gpu-tests-nope.log" 2>&1 || rc=$?
+    tail -3 "$out/gpu-tests-nope.log"
+    PYTHONPATH=$PWD/tests:$PWD/tests/gpu timeout 100 python3 -m pytest -p series_ops_stub \
+      -p no:cacheprovider "$b"/nope/tests/kernels/attention/test_triton_sparse_mla.py -k fwd_nope -q -rA \
+      > "$out/series-tests-nope.log" 2>&1 || rc=$?
+    tail -1 "$out/series-tests-nope.log"
     exit $rc
     ;;
   bench)  # carry .gpu-port/kern: the benchmark alone (also part of `kernels`)

@@ -1,14 +1,18 @@
 """Layer-level CPU check of TRITON_MLA_SPARSE on vLLM 0.33.0, under Triton's interpreter.
 
 Usage: TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= python layer_interpret_033.py TREE STANDINS_PY CASE
-CASE: deepseek-v3.2 | glm-5 | glm-5.2 (an index group: one index layer, two IndexCache skip layers),
-each with kv cache "auto" (the fp16 model dtype) and "fp8_ds_mla".  Prints "ok <what>" lines and
+CASE: deepseek-v3.2 | glm-5 | glm-5.2 (an index group: one index layer, two IndexCache skip layers)
+| glm-5.3-flash (NoPE: qk_rope_head_dim 0, head size 512), each with kv cache "auto" (the fp16 model
+dtype) and "fp8_ds_mla".  Prints "ok <what>" lines and
 "rel_err <case> <kv> <layer> <x>" lines; exits non-zero on any failure.
 
 What is vLLM 0.33.0's own code here (TREE, unmodified but for the series):
 - the cache writer: fused_norm_rope of vllm/models/deepseek_v32/common/kernels.py, the Triton kernel
   that writes the MLA cache (16-bit or fp8_ds_mla) for DeepSeek-V3.2 / GLM-5.x on CUDA in 0.33.0
-  (RMSNorm of kv_c, RoPE of k_pe, quantisation, store at slot_mapping);
+  (RMSNorm of kv_c, RoPE of k_pe, quantisation, store at slot_mapping); GLM-5.3-Flash's cache is
+  written by concat_and_cache_mla (CUDA only), so its rows come from the toolkit's reference
+  writer here (tests/fp8_ds_mla_reference.py: 512 e4m3 codes, 4 scales, the 128-byte rope space
+  zeroed, as 0.33.0's writer leaves NoPE rows; 16-bit rows: the 512 latent values);
 - TritonMLASparseMetadataBuilder.build = SparseMLACommonMetadataBuilder.build on a
   CommonAttentionMetadata of a mixed batch (decodes, a 3-token spec-decode row, a 130-token
   prefill with context: num_decodes 3, num_prefills 1);
@@ -59,7 +63,7 @@ st.import_vllm_tree(TREE, capability="8.6")
 import torch  # noqa: E402
 
 import vllm.utils.torch_utils as torch_utils  # noqa: E402
-from fp8_ds_mla_reference import dequant_ds_mla, split_ds_mla  # noqa: E402
+from fp8_ds_mla_reference import dequant_ds_mla, quantize_ds_mla, split_ds_mla  # noqa: E402
 from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.model_executor.layers.attention import sparse_mla_attention  # noqa: E402
 from vllm.model_executor.layers.attention.mla_attention import MLAAttention  # noqa: E402
@@ -116,8 +120,12 @@ GEOMETRY = {  # per-GPU heads (TP8), qk_nope, v_head; kv_lora 512, rope 64
     "deepseek-v3.2": dict(heads=16, qk_nope=128, v_head=128, layers=1),
     "glm-5": dict(heads=8, qk_nope=192, v_head=256, layers=1),
     "glm-5.2": dict(heads=8, qk_nope=192, v_head=256, layers=3),
+    # GLM-5.3-Flash: 64 heads / TP8, NoPE (no rope part: head size 512)
+    "glm-5.3-flash": dict(heads=8, qk_nope=256, v_head=256, layers=1, rope=0),
 }[CASE]
-LORA, ROPE, BLOCK = 512, 64, 64
+LORA, BLOCK = 512, 64
+ROPE = GEOMETRY.get("rope", 64)
+NOPE = ROPE == 0
 INDEX_TOPK, WIDTH = 128, 256  # the top-k buffer is wider than index_topk
 DTYPE = torch.float16
 # (query_len, seq_len): two decodes, a 3-token spec-decode row, a prefill with context
@@ -128,7 +136,7 @@ gen = torch.Generator().manual_seed(7)
 
 def vllm_config(heads: int, kv_cache_dtype: str) -> VllmConfig:
     hf = types.SimpleNamespace(
-        model_type="glm_moe_dsa", index_topk=INDEX_TOPK, kv_lora_rank=LORA,
+        model_type="glm5_next" if NOPE else "glm_moe_dsa", index_topk=INDEX_TOPK, kv_lora_rank=LORA,
         qk_nope_head_dim=GEOMETRY["qk_nope"], qk_rope_head_dim=ROPE,
         v_head_dim=GEOMETRY["v_head"], q_lora_rank=1536, num_attention_heads=heads * 8)
     cfg = VllmConfig()
@@ -186,8 +194,19 @@ def write_cache(b, kv_cache_dtype: str):
     # twice the block stride: other layers' pages sit between this layer's blocks
     full = torch.zeros(b["num_blocks"], 2 * BLOCK, width, dtype=store_dtype)
     cache = full[:, :BLOCK]
-    cos_sin = torch.randn(4096, ROPE, generator=gen).to(DTYPE)
     rows = []
+    if NOPE:
+        for slots in b["all_slots"]:
+            kv_c = (torch.randn(slots.numel(), LORA, generator=gen) * 2).to(DTYPE)
+            if kv_cache_dtype == "fp8_ds_mla":  # the rope space of NoPE rows stays zero
+                new = quantize_ds_mla(kv_c, torch.zeros(slots.numel(), 64, dtype=DTYPE))
+                new[:, LORA + 16:] = 0
+            else:
+                new = kv_c
+            cache[slots // BLOCK, slots % BLOCK] = new
+            rows.append((kv_c, kv_c[:, :0], slots))
+        return cache, rows
+    cos_sin = torch.randn(4096, ROPE, generator=gen).to(DTYPE)
     for slots in b["all_slots"]:
         n = slots.numel()
         kv_c = (torch.randn(n, LORA, generator=gen) * 2).to(DTYPE)
@@ -213,6 +232,10 @@ def reference_rows(cache, rows, kv_cache_dtype):
             flat = cache.reshape(-1, 656) if cache.is_contiguous() else None
             blocks = cache[slots // BLOCK, slots % BLOCK]  # [n, 656]
             deq = dequant_ds_mla(blocks, torch.bfloat16)
+            if NOPE:  # the latent alone; the reference writer's codes are torch's e4m3
+                assert (blocks[:, LORA + 16:] == 0).all()
+                out.append(deq[:, :LORA])
+                continue
             # The writer's bytes hold kv_c_out to e4m3 precision, the rope as bf16.  Codes are
             # compared with torch's e4m3 rounding of kv_c_out / tile scale.  Triton 3.8's
             # interpreter drops the carry when rounding crosses a power of two (127.9 -> 64;

@@ -33,19 +33,31 @@ PRESETS = {
     # GLM-5 / 5.1 / 5.2 (glm_moe_dsa): 64 heads, qk_nope 192, v 256
     "glm-5": dict(model_type="glm_moe_dsa", kv_lora_rank=512, qk_nope_head_dim=192,
                   qk_rope_head_dim=64, v_head_dim=256, q_lora_rank=2048),
+    # GLM-5.3-Flash (glm5_next): 64 heads (per GPU: 8..64 with TP), NoPE: qk_rope 0, so the
+    # selector gets head size kv_lora_rank + 0 = 512
+    "glm-5.3-flash": dict(model_type="glm5_next", kv_lora_rank=512, qk_nope_head_dim=256,
+                          qk_rope_head_dim=0, v_head_dim=256, q_lora_rank=2048),
 }
+# Heads per GPU of each preset (its attention heads divided by TP 1..8 or 16).
+PRESET_HEADS = {"deepseek-v3.2": [8, 16, 64, 128], "glm-5": [8, 16, 64, 128],
+                "glm-5.3-flash": [8, 16, 32, 64]}
 CAPABILITIES = ["8.0", "8.6", "8.9", "9.0", "10.0", "12.0", "12.1"]
 DTYPES = ["float16", "bfloat16"]
 KV_CACHE_DTYPES = ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_ds_mla"]
-HEADS = [8, 16, 64, 128]
 TOPKS = [2048, 1024]
-HEAD_SIZE = 576
+
+
+def head_size(preset: str) -> int:
+    """What MLAAttention passes the selector: kv_lora_rank + qk_rope_head_dim (576; NoPE 512)."""
+    return PRESETS[preset]["kv_lora_rank"] + PRESETS[preset]["qk_rope_head_dim"]
 
 
 def cells():
-    for p, cc, d, kv, h, k in itertools.product(PRESETS, CAPABILITIES, DTYPES, KV_CACHE_DTYPES,
-                                                 HEADS, TOPKS):
-        yield dict(preset=p, capability=cc, dtype=d, kv_cache_dtype=kv, heads=h, index_topk=k)
+    for p in PRESETS:
+        for cc, d, kv, h, k in itertools.product(CAPABILITIES, DTYPES, KV_CACHE_DTYPES,
+                                                 PRESET_HEADS[p], TOPKS):
+            yield dict(preset=p, capability=cc, dtype=d, kv_cache_dtype=kv, heads=h,
+                       index_topk=k)
 
 
 def main() -> int:
@@ -95,7 +107,7 @@ def main() -> int:
         with set_current_vllm_config(vllm_config):
             try:
                 cls = selector.get_attn_backend(
-                    head_size=HEAD_SIZE, dtype=dtype, kv_cache_dtype=c["kv_cache_dtype"],
+                    head_size=head_size(c["preset"]), dtype=dtype, kv_cache_dtype=c["kv_cache_dtype"],
                     use_mla=True, use_sparse=True, num_heads=c["heads"])
                 res["selected"] = cls.get_name()
                 res["kv_cache_dtype_used"] = canon(cls, c["kv_cache_dtype"])

@@ -1,6 +1,7 @@
 """Layer-level CPU check of TRITON_MLA_SPARSE on vLLM 0.33.0 under Triton's interpreter: vLLM's
 fused cache writer, its sparse metadata builder, MLAAttention.forward_impl and SparseMLACommonImpl
-with our impl, for the DeepSeek-V3.2, GLM-5 and GLM-5.2 (index group of three layers) geometries,
+with our impl, for the DeepSeek-V3.2, GLM-5, GLM-5.2 (index group of three layers) and GLM-5.3-Flash
+(NoPE, head size 512) geometries,
 a mixed decode/prefill batch, 16-bit (fp16) and fp8_ds_mla caches, against float64.  Each case runs
 layer_interpret_033.py (beside this file; what is stood in is said there) in its own process:
 TRITON_INTERPRET and the stand-ins must not leak into this one.
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent / "layer_interpret_033.py"
-LAYERS = {"deepseek-v3.2": 1, "glm-5": 1, "glm-5.2": 3}
+LAYERS = {"deepseek-v3.2": 1, "glm-5": 1, "glm-5.2": 3, "glm-5.3-flash": 1}
 
 
 @pytest.mark.parametrize("case", list(LAYERS))

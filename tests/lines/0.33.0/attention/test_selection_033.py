@@ -1,7 +1,8 @@
 """vLLM 0.33.0's own backend selector, pristine (branch v033) vs patched (the port-attn series), cell
 by cell: capability {8.0, 8.6, 8.9, 9.0, 10.0, 12.0, 12.1} x model dtype {fp16, bf16} x KV cache
-dtype {auto, bfloat16, float16, fp8, fp8_e4m3, fp8_ds_mla} x heads {8, 16, 64, 128} x index_topk
-{2048, 1024}, head size 576, DeepSeek-V3.2 and GLM-5 geometries (1344 cells per tree).
+dtype {auto, bfloat16, float16, fp8, fp8_e4m3, fp8_ds_mla} x heads x index_topk {2048, 1024}:
+head size 576 for the DeepSeek-V3.2 and GLM-5 geometries (heads 8, 16, 64, 128), head size 512
+for GLM-5.3-Flash's NoPE geometry (qk_rope_head_dim 0; heads 8, 16, 32, 64): 2016 cells per tree.
 
 Each tree is asked in its own interpreter (selection_worker_033.py beside this file: stand-ins
 and the mocked capability are described there).  The hole-filling policy, asserted per cell:
@@ -13,6 +14,7 @@ and the mocked capability are described there).  The hole-filling policy, assert
       dtype's bits), so patched picks nothing there either
   H4  sm80/86/89: TRITON_MLA_SPARSE in every cell but the H3 ones; sm12x: exactly the cells
       FLASHINFER_MLA_SPARSE_SM120 refuses (fp16 model, 16-bit cache, index_topk != 2048) but H3
+      (for NoPE as for head 576)
 
 Run (CPU only):
   SMLA_033_TREE=<tree> SMLA_033_PRISTINE=<tree> \
@@ -110,7 +112,7 @@ def test_hole_filling_policy(results, key):
 def test_sm8x_every_cell_but_mismatched_16bit(results, cc):
     _, patched = results
     cells = [r for k, r in patched.items() if k[1] == cc]
-    assert len(cells) == 192
+    assert len(cells) == 288
     for r in cells:
         want = None if (r["dtype"], r["kv_cache_dtype"]) in MISMATCH else OURS
         assert r["selected"] == want, r
@@ -125,6 +127,33 @@ def test_ours_never_before_upstream(results):
     filled = sum(1 for k in pristine if pristine[k]["selected"] is None
                  and patched[k]["selected"] == OURS)
     assert filled > 0
+
+
+NOPE = "glm-5.3-flash"
+
+
+def test_nope_holes_exist_and_are_filled(results):
+    """GLM-5.3-Flash (head 512, NoPE): pristine 0.33.0 has no backend on sm80/86/89 for any cell
+    and none on sm12x for an fp16 model or a 16-bit cache; patched fills exactly those (H3 aside)
+    and keeps upstream's NoPE picks on sm90 (FlashMLA / FlashInfer SM90 / FA3), sm100 (FlashInfer)
+    and sm12x (FlashInfer SM120)."""
+    pristine, patched = results
+    nope = [k for k in pristine if k[0] == NOPE]
+    assert len(nope) == 672
+    for k in nope:
+        pri, pat = pristine[k], patched[k]
+        cc, dtype, kv = k[1], k[2], k[3]
+        if cc in ("8.0", "8.6", "8.9"):
+            assert pri["selected"] is None, pri
+        if cc.startswith("12.") and (dtype == "float16" or kv in ("bfloat16", "float16")):
+            assert pri["selected"] is None, pri
+        if pri["selected"] is not None:
+            assert pat["selected"] == pri["selected"], (pri, pat)
+        elif (dtype, kv) not in MISMATCH:
+            assert pat["selected"] == OURS, (pri, pat)
+    upstream = {pristine[k]["selected"] for k in nope} - {None}
+    assert upstream == {"FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM90", "FLASH_ATTN_MLA_SPARSE",
+                        "FLASHINFER_MLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM120"}, upstream
 
 
 def test_policy_check_can_fail():
