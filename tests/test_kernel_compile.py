@@ -264,7 +264,10 @@ if __name__ == "__main__":
 # index-query kernels (new in 0.33.0, fp8e4nv upstream) compiled for sm80/86 on the series' software
 # e4m3 encode (and, as the failure the series fixes, not with upstream's fp8e4nv types on sm80),
 # sm89/90 on the hardware path.
-LINE_PROOFS = {"0.33.0": [("indexer", "test_fused_compile.py", 5)]}
+# tests/lines/<line>/indexer/test_kpool_compile.py: GLM-5.3-Flash's kpool kernels (fp8e4nv upstream) and
+# the Triton logits with its pooled geometry (16 heads, 32/64-pool pages), sm80 to sm121.
+LINE_PROOFS = {"0.33.0": [("indexer", "test_fused_compile.py", 5),
+                          ("indexer", "test_kpool_compile.py", 13)]}
 
 
 @pytest.mark.parametrize("case", lineproofs.cases(LINE_PROOFS, "its line has no fused fp8e4nv kernels"))

@@ -454,6 +454,7 @@ LINE_PROOFS = {
     "0.33.0": [("attention", "test_selection_033.py", 2022),  # the backend per cell, with GLM-5.3-Flash (NoPE)
                ("indexer", "test_selection.py", 13),          # indexer kernels, decode top-k per capability
                ("indexer", "test_vllm_selection_tests.py", 12),  # the tree's own indexer-selection tests
+               ("indexer", "test_kpool_vllm_selection_tests.py", 10),  # GLM-5.3-Flash's pooled indexer layer
                ("v4", "test_v4_selection_pristine_vs_patched.py", 49)],  # V4 class per KernelConfig option
 }
 

@@ -15,6 +15,10 @@ Stand-ins beyond the harness's, all listed here:
 - Compiled ops the indexer op calls (cp_gather_indexer_k_quant_cache,
   top_k_per_row_prefill, top_k_per_row_decode): torch implementations in
   test_indexer_op.py, written from the CUDA sources' semantics.
+- vllm.models.glm5next as a bare package (its submodules import as they are):
+  its __init__ imports the whole GLM-5.3-Flash model, whose multimodal part
+  needs torchvision, which the CPU suite does not install; the kpool proofs
+  import only its indexer op and kernels.
 """
 from __future__ import annotations
 
@@ -36,6 +40,13 @@ for p in (str(TREE), str(TREE / "tests"), str(MAIN / "tests"), str(MAIN / "tools
 import _selection_standins as standins  # noqa: E402
 
 STAND_INS = standins.import_vllm_tree(TREE, capability="8.0")
+
+import vllm.models  # noqa: E402
+
+if "vllm.models.glm5next" not in sys.modules:
+    _glm5next = types.ModuleType("vllm.models.glm5next")
+    _glm5next.__path__ = [str(TREE / "vllm" / "models" / "glm5next")]
+    sys.modules[_glm5next.__name__] = vllm.models.glm5next = _glm5next
 
 import vllm._custom_ops as _custom_ops  # noqa: E402
 
