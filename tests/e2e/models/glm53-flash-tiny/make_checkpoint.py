@@ -4,7 +4,10 @@ checkpoints' tensor naming, for vLLM's Glm5NextForCausalLM + its MTP draft (Glm5
 usage: python make_checkpoint.py OUT_DIR [--config CONFIG] [--seed N]
 
 Writes OUT_DIR/model.safetensors and OUT_DIR/config.json (a copy of --config, default the
-config.json next to this script). Geometry (config.json): GLM-5.3-Flash's where it decides which
+config.json next to this script). The config is the released model's layout: model_type
+glm5_next (transformers' Glm5NextConfig) with the text model in text_config (what vLLM's MTP
+set-up rewrites to glm5_next_mtp), architecture Glm5NextForCausalLM (the text model; no vision
+weights). Geometry (config.json): GLM-5.3-Flash's where it decides which
 kernels run -- 64 MLA heads, kv_lora_rank 512, qk_nope 256, qk_rope 0 (NoPE: head size 512),
 v_head 256, index_topk 2048 over keys pooled 4:1 (index_kpool 4), 16 index heads of 128, KDA
 64 heads of 128 with conv 4 and lower bound -5, mHC 4 streams / 20 Sinkhorn iterations, top-8
@@ -22,14 +25,16 @@ the same names transformers' conversion_mapping["glm5_next"] renames to its own 
                      dt_bias [H*D] (fp32)
     DSA layers:      self_attn.{q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa,
                      kv_a_layernorm, kv_b_proj, o_proj}.weight; self_attn.indexer.{wq_b, wk,
-                     weights_proj, index_kpool_compress_gate}.weight, indexer.k_norm.{weight,
-                     bias}, indexer.index_kpool_compress_ape [kpool, 128] (fp32)
+                     weights_proj}.weight, indexer.k_norm.{weight, bias},
+                     indexer.index_kpool_compress_gate [128, hidden],
+                     indexer.index_kpool_compress_ape [kpool, 128] (fp32)
     MLP:             dense: mlp.{gate,up,down}_proj.weight; sparse: mlp.gate.weight,
                      mlp.gate.e_score_correction_bias (fp32), mlp.experts.{e}.{gate,up,down}_proj
                      .weight, mlp.shared_experts.{gate,up,down}_proj.weight
   model.layers.{L}.  (L = num_hidden_layers: the MTP layer) a DSA layer without mHC, plus
                      enorm, hnorm, eh_proj [hidden, 2*hidden], shared_head.norm,
-                     shared_head.head [vocab, hidden], embed_tokens [vocab, hidden] (.weight)
+                     embed_tokens [vocab, hidden] (.weight); no shared_head.head (the MTP
+                     head is the target's lm_head: SharedHead(defer_lm_head=True))
 
 Values: each tensor from its own generator seeded by (seed, tensor name). Linear weights
 N(0, 1/fan_in), norms U(0.9, 1.1), embedding N(0, 1), mHC fn N(0, 1/(hc_mult*hidden)) with
@@ -77,7 +82,7 @@ def tensor_specs(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
         lin(ix + "wq_b", ih * idim, qr)
         lin(ix + "wk", idim, hid)
         lin(ix + "weights_proj", ih, hid)
-        lin(ix + "index_kpool_compress_gate", idim, hid)
+        specs[ix + "index_kpool_compress_gate"] = ((idim, hid), "linear")
         specs[ix + "index_kpool_compress_ape"] = ((cfg["index_kpool"], idim), "ape")
         specs[ix + "k_norm.weight"] = ((idim,), "norm")
         specs[ix + "k_norm.bias"] = ((idim,), "zero")
@@ -138,7 +143,6 @@ def tensor_specs(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
         specs[p + "hnorm.weight"] = ((hid,), "norm")
         lin(p + "eh_proj", hid, 2 * hid)
         specs[p + "shared_head.norm.weight"] = ((hid,), "norm")
-        specs[p + "shared_head.head.weight"] = ((vocab, hid), "linear")
         specs[p + "embed_tokens.weight"] = ((vocab, hid), "embed")
     return specs
 
@@ -189,9 +193,10 @@ def main(argv: list[str]) -> int:
     from safetensors.torch import save_file
 
     cfg = json.loads(args.config.read_text())
+    text = cfg.get("text_config", cfg)
     args.out.mkdir(parents=True, exist_ok=True)
-    tensors = {name: make_tensor(name, shape, kind, args.seed, cfg)
-               for name, (shape, kind) in sorted(tensor_specs(cfg).items())}
+    tensors = {name: make_tensor(name, shape, kind, args.seed, text)
+               for name, (shape, kind) in sorted(tensor_specs(text).items())}
     save_file(tensors, str(args.out / "model.safetensors"), metadata={"format": "pt"})
     (args.out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     total = sum(t.numel() * t.element_size() for t in tensors.values())

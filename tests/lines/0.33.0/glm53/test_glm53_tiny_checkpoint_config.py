@@ -30,7 +30,8 @@ def test_tiny_config_parses_with_033(tmp_path):
                           env=env, capture_output=True, text=True, timeout=600, cwd="/tmp")
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["config_class"] == "Glm5NextTextConfig"
+    assert (got["config_class"], got["text_config_class"]) == ("Glm5NextConfig", "Glm5NextTextConfig")
+    assert got["model_type"] == "glm5_next_text"
     assert got["architectures"] == ["Glm5NextForCausalLM"]
     assert got["use_mla"] and got["head_size"] == 512
     assert got["dtype"] == "torch.bfloat16"

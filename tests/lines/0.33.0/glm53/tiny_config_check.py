@@ -19,7 +19,8 @@ mc = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=8192).c
 hf, text = mc.hf_config, mc.hf_text_config
 buffer = ((text.index_topk + text.index_kpool - 1 + 127) // 128) * 128  # get_sparse_topk_buffer_width
 print(json.dumps(dict(
-    config_class=type(text).__name__,
+    config_class=type(hf).__name__,
+    text_config_class=type(text).__name__,
     architectures=list(hf.architectures),
     model_type=text.model_type,
     use_mla=mc.use_mla,
