@@ -1,5 +1,5 @@
 """Compile-only (Triton's compiler and bundled ptxas, no GPU): every Triton launch GLM-5.3-Flash's
-KDA layer makes, for one CUDA arch. Usage:
+KDA layer makes (and the MTP layer's fused_eh_norm), for one CUDA arch. Usage:
     python kda_compile.py ARCH [--all-configs]   -> one JSON line: a record per compiled launch
 (default: of each autotune list its first and its last config, the smallest and the largest
 tiles/stages there; --all-configs: every config, ~6 min per arch on this machine's 2 cores)
@@ -12,7 +12,7 @@ tiles/stages there; --all-configs: every config, ~6 min per arch on this machine
    TP=1 rank, KDA's chunk 64, lower bound -5, 2 sequences) exactly as common/kda.py calls them:
    prefill (l2norm, fused gate + cumsum, intra-chunk kkt, solve_tril, w/u, delta-h, output),
    plain decode and the MTP (spec) decode of fused_recurrent_kda with the in-kernel gate, and
-   the gated RMSNorm. JITFunction.run is replaced by a recorder: nothing executes; each launch's
+   the gated RMSNorm; also the MTP layer's fused enorm/hnorm kernel (hidden 4096). JITFunction.run is replaced by a recorder: nothing executes; each launch's
    arguments (tensor dtypes, scalars, constexprs, num_warps/num_stages) are kept. An autotuned
    launch keeps every config of its autotune list (the ones the autotuner may pick there).
 3. Each recorded launch is compiled with triton.compile for the arch; the record says whether a
@@ -135,6 +135,7 @@ from vllm.models.glm5next.nvidia.ops.third_party.kda import (  # noqa: E402
     chunk_kda_with_fused_gate,
     fused_recurrent_kda,
 )
+from vllm.models.glm5next.nvidia.ops.fused_eh_norm import fused_eh_norm  # noqa: E402
 from vllm.third_party.flash_linear_attention.ops.kda import FusedRMSNormGated  # noqa: E402
 
 # GLM-5.3-Flash KDA geometry (transformers' Glm5NextTextConfig: linear_num_heads 64,
@@ -182,6 +183,9 @@ def run_layer_launches() -> None:
         norm = FusedRMSNormGated(D, activation="sigmoid")
         norm.weight.data = norm.weight.data.to(torch.bfloat16)
         norm.forward_cuda(_t(t, H, D), _t(t, H, D))  # what CudaPlatform dispatches to
+    # MTP: the draft layer's fused enorm/hnorm (common/mtp.py), GLM-5.3-Flash's hidden 4096
+    hid = 4096
+    fused_eh_norm(torch.arange(t), _t(t, hid), _t(t, hid), _t(hid), _t(hid), 1e-5)
 
 
 TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",

@@ -22,6 +22,7 @@ KERNELS = {
     "recompute_w_u_fwd_kernel", "chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
     "chunk_gla_fwd_kernel_o", "fused_recurrent_gated_delta_rule_fwd_kernel",
     "layer_norm_gated_fwd_kernel",
+    "_fused_eh_norm_kernel",  # the MTP layer's enorm/hnorm
 }
 
 
