@@ -67,7 +67,13 @@ MODELS = {"deepseek-v32-tiny": HERE / "models" / "deepseek-v32-tiny",
           "glm5-tiny": HERE / "models" / "glm5-tiny",
           "deepseek-v4-tiny": HERE / "models" / "deepseek-v4-tiny",
           # GLM-5.2's IndexCache (index_topk_freq / index_skip_topk_offset), e2e_dummy weights
-          "glm52-tiny": HERE / "models" / "glm52-tiny"}
+          "glm52-tiny": HERE / "models" / "glm52-tiny",
+          # GLM-5.3-Flash (vLLM 0.33.0 only): KDA + DSA layers, head-512 NoPE, pooled indexer,
+          # mHC; a checkpoint generated on the machine (models/glm53-flash-tiny)
+          "glm53-flash-tiny": HERE / "models" / "glm53-flash-tiny"}
+# vLLM 0.33.0 models: the indexer kernels are chosen by KernelConfig.sparse_indexer_logits_backend
+# (an engine argument) there, not by VLLM_SPARSE_INDEXER_BACKEND (0.26.0's series)
+LINE_033_MODELS = {"glm53-flash-tiny"}
 # 4-bit checkpoints (AWQ, GPTQ) of the tiny DeepSeek-V3.2 / GLM-5, generated on the machine by
 # models/dsa-4bit/make_checkpoint.py like DeepSeek-V4's (README "4-bit checkpoints")
 MODELS.update({name: HERE / "models" / "dsa-4bit" for name in quant_probe.FOURBIT})
@@ -215,7 +221,7 @@ def is_v4(model: str) -> bool:
 
 def is_generated(model: str) -> bool:
     """A model whose engines load a checkpoint generated on the machine (load_format auto)."""
-    return is_v4(model) or model in quant_probe.FOURBIT
+    return is_v4(model) or model in quant_probe.FOURBIT or model in LINE_033_MODELS
 
 
 def v4_engine_kwargs(spec: dict) -> dict:
@@ -257,8 +263,10 @@ def _dsa_engine_kwargs(spec: dict) -> dict:
         kwargs["attention_config"] = att
     if spec.get("kv_cache_dtype", "auto") != "auto":
         kwargs["kv_cache_dtype"] = spec["kv_cache_dtype"]
-    if spec.get("load_format"):  # a generated checkpoint (4-bit models)
+    if spec.get("load_format"):  # a generated checkpoint (4-bit models, GLM-5.3-Flash)
         kwargs["load_format"] = spec["load_format"]
+    if spec["model"] in LINE_033_MODELS:
+        kwargs["sparse_indexer_logits_backend"] = "triton" if spec["side"] == "ours" else "deepgemm"
     if spec["backend"]:
         # the MTP drafter selects its own backend (SpeculativeConfig.attention_backend,
         # auto = FLASH_ATTN_MLA_SPARSE on sm90) unless told: same kernel as the target.

@@ -520,3 +520,22 @@ def test_an_fp8_engine_on_a_16_bit_cache_or_the_wrong_reference_fails(tmp_path, 
 def test_fp8_ds_mla_and_fp8_are_both_accepted_as_the_fp8_cache(tmp_path):
     s, _ = _fp8_run(tmp_path, **{"float16-fp8kv-ours": {"kv_used": "fp8_ds_mla"}})
     assert s["failures"] == [] and s["exit_code"] == 0
+
+
+def test_glm53_flash_engines():
+    """GLM-5.3-Flash (vLLM 0.33.0): engines load the checkpoint generated on the machine
+    (load_format auto, keyed by generator + config), `ours` forces TRITON_MLA_SPARSE and the
+    Triton pooled-indexer logits through KernelConfig, `ref` DeepGEMM's."""
+    args = run_e2e.parse_args(["--tp", "1", "--models", "glm53-flash-tiny", "--dtypes", "bfloat16",
+                               "--sides", "ref", "ours"])
+    jobs = run_e2e.build_jobs(args)
+    assert {j["side"] for j in jobs} == {"ref", "ours"}
+    for job in jobs:
+        assert job["model_dir"].endswith("/glm53-flash-tiny") and job["load_format"] == "auto"
+        kw = run_e2e.engine_kwargs(job)
+        want = "triton" if job["side"] == "ours" else "deepgemm"
+        assert kw["sparse_indexer_logits_backend"] == want
+        if job["side"] == "ours":
+            assert kw["attention_config"]["backend"] == "TRITON_MLA_SPARSE"
+    cmd = run_e2e.generator_command("glm53-flash-tiny", run_e2e.Path("/tmp/x"))
+    assert cmd[-2].endswith("models/glm53-flash-tiny/make_checkpoint.py")

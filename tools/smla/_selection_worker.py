@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import inspect
 import io
 import json
@@ -295,7 +296,7 @@ class _Selection:
                 res["kv_cache_dtype_used"] = self.canonicalize(cls, kv)
             elif cls is not None:
                 res["kv_cache_dtype_used"] = kv
-            res["indexer"] = self._indexer_facts()
+            res["indexer"] = self._indexer_facts(model["model_type"])
         return res
 
     # ----------------------------------------------------------------------
@@ -387,7 +388,7 @@ class _Selection:
         out["cutedsl"] = bool(supported(*select_args)) if supported is not None else None
         return out
 
-    def _indexer_facts(self) -> dict[str, Any]:
+    def _indexer_facts(self, model_type: str | None = None) -> dict[str, Any]:
         """Which kernels the tree's DSA indexer would run at the mocked
         capability, decided by the tree's own code.
 
@@ -407,9 +408,11 @@ class _Selection:
             facts["reason"] = f"indexer module does not import here: {type(e).__name__}"
             return facts
         select = getattr(mod, "select_sparse_indexer_logits", None)
-        if select is None:
+        kpool_own = model_type in GLM5NEXT_MODEL_TYPES and not _kpool_asks_select()
+        if select is None or kpool_own:
             facts["path"] = "deepgemm" if arch else "none"
-            facts["reason"] = ("the only indexer this tree has" if arch else
+            facts["reason"] = (("GLM-5.3-Flash's pooled indexer op of this tree" if kpool_own else
+                                "the only indexer this tree has") if arch else
                                "DeepGEMM only, which has no kernels for this capability: "
                                "the indexer fails at startup")
             return facts
@@ -423,6 +426,18 @@ class _Selection:
                 mod.has_deep_gemm = saved
             select.cache_clear() if hasattr(select, "cache_clear") else None
         return facts
+
+
+# GLM-5.3-Flash: its pooled (kpool) indexer is an op of its own model package
+# (vllm/models/glm5next/nvidia/sparse_indexer.py), which runs the series' logits choice only
+# where the tree's op calls select_sparse_indexer_logits; upstream's scores with DeepGEMM only.
+GLM5NEXT_MODEL_TYPES = ("glm5_next", "glm5_next_text")
+
+
+def _kpool_asks_select() -> bool:
+    spec = importlib.util.find_spec("vllm.models")
+    path = Path(spec.submodule_search_locations[0]) / "glm5next" / "nvidia" / "sparse_indexer.py"
+    return path.is_file() and "select_sparse_indexer_logits" in path.read_text()
 
 
 def run(payload: dict[str, Any]) -> list[dict[str, Any]]:

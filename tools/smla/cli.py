@@ -379,7 +379,7 @@ def lines_cmd(c: Ctx, show_diff, check, newer_releases, as_json):
 
 @main.command()
 @click.option("--model", required=True, metavar="PRESET|CONFIG.json",
-              help="A preset (glm-5, deepseek-v3.2, deepseek-v4) or a HuggingFace config.json.")
+              help="A preset (glm-5, glm-5.3-flash, deepseek-v3.2, deepseek-v4) or a HuggingFace config.json.")
 @click.option("--capability", default=None, metavar="MAJOR.MINOR|auto",
               help="CUDA compute capability, e.g. 12.0, 9.0, 8.6; auto = this machine's GPU.")
 @click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float16", "bfloat16"]),

@@ -9,6 +9,7 @@ tools/smla/_selection_standins.py, the model config's in the worker.
 Public API:
 
     PRESETS, preset_config(name)   model geometries ("glm-5", "deepseek-v3.2")
+    NOPE_PRESETS                   GLM-5.3-Flash ("glm-5.3-flash"): head 512, NoPE, kpool 4
     DSV4_PRESETS, is_dsv4(config)  DeepSeek-V4 ("deepseek-v4"): its own query
     MODEL_PRESETS                  every preset name
     CAPABILITIES, DTYPES, KV_CACHE_DTYPES, HEADS   the selection matrix axes
@@ -90,14 +91,37 @@ DSV4_PRESETS: dict[str, dict[str, Any]] = {
         compress_ratios=[0, 4, 128],
     ),
 }
+# GLM-5.3-Flash (Glm5Next): MLA without RoPE (NoPE: qk_rope_head_dim 0), so the selector gets head
+# size kv_lora_rank + 0 = 512; 64 heads, top-k 2048 over keys pooled 4:1 (index_kpool; its buffer is
+# 2176 wide). model_type is the text config's (Glm5NextTextConfig, in vLLM's is_deepseek_mla list).
+# Not a preset of the head-576 matrix above (PRESETS): `--model glm-5.3-flash` asks it by name.
+NOPE_PRESETS: dict[str, dict[str, Any]] = {
+    "glm-5.3-flash": dict(
+        model_type="glm5_next_text",
+        architectures=["Glm5NextForCausalLM"],
+        torch_dtype="bfloat16",
+        kv_lora_rank=512,
+        qk_rope_head_dim=0,
+        qk_nope_head_dim=256,
+        v_head_dim=256,
+        mla_use_nope=True,
+        index_topk=2048,
+        index_kpool=4,
+        index_n_heads=16,
+        index_head_dim=128,
+        num_attention_heads=64,
+    ),
+}
 # Every model `smla explain --model` takes by name.
-MODEL_PRESETS: list[str] = [*PRESETS, *DSV4_PRESETS]
+MODEL_PRESETS: list[str] = [*PRESETS, *NOPE_PRESETS, *DSV4_PRESETS]
 
 
 def preset_config(name: str) -> dict[str, Any]:
     """The preset `name` as an HF config dict (MLA geometry + model type)."""
     if name in DSV4_PRESETS:
         return dict(DSV4_PRESETS[name])
+    if name in NOPE_PRESETS:
+        return dict(NOPE_PRESETS[name])
     return {**PRESET_MODELS[name], **PRESETS[name]}
 
 
