@@ -67,7 +67,7 @@ LINE_PROOFS = {"0.33.0": [("attention", "test_layer_interpret_033.py", 3)],
 
 
 @pytest.mark.parametrize("case", lineproofs.cases(
-    LINE_PROOFS, "its backend runs under the interpreter in test_backend_forward_interpreted_with_stand_ins"))
+    LINE_PROOFS, "no layer-level check for this line yet (tests/lines/<line>/attention/)"))
 def test_line_layer_proof(vllm_tree, case):
     lineproofs.check(case, vllm_tree)
 
