@@ -172,9 +172,9 @@ def make_layer(impl, heads, kv_cache_dtype, cfg, name, cache):
 
 
 def layer_inputs(b, kv_cache_dtype):
-    """A cache with twice the block stride (other layers' pages between this layer's blocks),
-    the context rows already written (through the impl's do_kv_cache_update, as the earlier steps'
-    forwards did), and the batch's new rows for the layer's forward to write."""
+    """An empty cache with twice the block stride (other layers' pages between this layer's
+    blocks), every position's (kv_c, k_pe, slots) per request, and the batch's new rows (the
+    last query_len of each request) for the layer's forward to write."""
     width = 656 if kv_cache_dtype == "fp8_ds_mla" else LORA + ROPE
     store_dtype = torch.uint8 if kv_cache_dtype == "fp8_ds_mla" else DTYPE
     full = torch.zeros(b["num_blocks"], 2 * BLOCK, width, dtype=store_dtype)
