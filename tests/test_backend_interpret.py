@@ -56,14 +56,19 @@ def test_explicit_backend_validation_reasons(vllm_tree):
     assert "compute capability not supported" in res[6]["error"]
 
 
-# tests/lines/<line>/attention/: the layer-level check (vLLM's fused cache writer, sparse metadata
-# builder, MLAAttention.forward_impl and SparseMLACommonImpl with our impl; DeepSeek-V3.2, GLM-5,
-# GLM-5.2's index group and GLM-5.3-Flash's NoPE head 512; a mixed decode/prefill batch; 16-bit and fp8_ds_mla caches) against float64.
-LINE_PROOFS = {"0.33.0": [("attention", "test_layer_interpret_033.py", 4)]}
+# tests/lines/<line>/attention/: the layer-level check (vLLM's MLA layer, sparse metadata builder and
+# our impl; DeepSeek-V3.2, GLM-5 and GLM-5.2's index layer + IndexCache layers, and on 0.33.0
+# GLM-5.3-Flash's NoPE head 512; a mixed decode/prefill batch; 16-bit and fp8_ds_mla caches) against
+# float64, the batch and reference shared (tests/layer_interpret_common.py).  0.33.0: its fused Triton
+# cache writer, MLAAttention.forward_impl and SparseMLACommonImpl's index group; 0.26.0:
+# MLAAttention.forward with the impl's cache update (the compiled concat_and_cache_mla replaced by the
+# reference writer) and per-layer conversion.
+LINE_PROOFS = {"0.33.0": [("attention", "test_layer_interpret_033.py", 4)],
+               "0.26.0": [("attention", "test_layer_interpret_026.py", 3)]}
 
 
 @pytest.mark.parametrize("case", lineproofs.cases(
-    LINE_PROOFS, "its backend runs under the interpreter in test_backend_forward_interpreted_with_stand_ins"))
+    LINE_PROOFS, "no layer-level check for this line yet (tests/lines/<line>/attention/)"))
 def test_line_layer_proof(vllm_tree, case):
     lineproofs.check(case, vllm_tree)
 

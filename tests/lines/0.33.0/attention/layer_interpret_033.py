@@ -3,8 +3,10 @@
 Usage: TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= python layer_interpret_033.py TREE STANDINS_PY CASE
 CASE: deepseek-v3.2 | glm-5 | glm-5.2 (an index group: one index layer, two IndexCache skip layers)
 | glm-5.3-flash (NoPE: qk_rope_head_dim 0, head size 512), each with kv cache "auto" (the fp16 model
-dtype) and "fp8_ds_mla".  Prints "ok <what>" lines and
-"rel_err <case> <kv> <layer> <x>" lines; exits non-zero on any failure.
+dtype) and "fp8_ds_mla".  Prints "ok <what>" lines and "rel_err <case> <kv> <layer> <x>" lines; exits
+non-zero on any failure.  The geometries, the batch and the float64 reference are
+tests/layer_interpret_common.py's, shared with the 0.26.0 line's check
+(tests/lines/0.26.0/attention/layer_interpret_026.py).
 
 What is vLLM 0.33.0's own code here (TREE, unmodified but for the series):
 - the cache writer: fused_norm_rope of vllm/models/deepseek_v32/common/kernels.py, the Triton kernel
@@ -64,6 +66,8 @@ import torch  # noqa: E402
 
 import vllm.utils.torch_utils as torch_utils  # noqa: E402
 from fp8_ds_mla_reference import dequant_ds_mla, quantize_ds_mla, split_ds_mla  # noqa: E402
+from layer_interpret_common import (  # noqa: E402
+    BLOCK, DTYPE, GEOMETRY, INDEX_TOPK, LORA, WIDTH, batch, reference_layer, rel_err)
 from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.model_executor.layers.attention import sparse_mla_attention  # noqa: E402
 from vllm.model_executor.layers.attention.mla_attention import MLAAttention  # noqa: E402
@@ -116,20 +120,9 @@ _k = importlib.util.spec_from_file_location(
 kernels = importlib.util.module_from_spec(_k)
 _k.loader.exec_module(kernels)  # by path: the package __init__ imports the whole CUDA model
 
-GEOMETRY = {  # per-GPU heads (TP8), qk_nope, v_head; kv_lora 512, rope 64
-    "deepseek-v3.2": dict(heads=16, qk_nope=128, v_head=128, layers=1),
-    "glm-5": dict(heads=8, qk_nope=192, v_head=256, layers=1),
-    "glm-5.2": dict(heads=8, qk_nope=192, v_head=256, layers=3),
-    # GLM-5.3-Flash: 64 heads / TP8, NoPE (no rope part: head size 512)
-    "glm-5.3-flash": dict(heads=8, qk_nope=256, v_head=256, layers=1, rope=0),
-}[CASE]
-LORA, BLOCK = 512, 64
+GEOMETRY = GEOMETRY[CASE]  # this case's heads, qk_nope, v_head, layer count (and rope: 0 for NoPE)
 ROPE = GEOMETRY.get("rope", 64)
 NOPE = ROPE == 0
-INDEX_TOPK, WIDTH = 128, 256  # the top-k buffer is wider than index_topk
-DTYPE = torch.float16
-# (query_len, seq_len): two decodes, a 3-token spec-decode row, a prefill with context
-REQUESTS = [(1, 160), (1, 70), (3, 100), (130, 160)]
 dev = torch.device("cpu")
 gen = torch.Generator().manual_seed(7)
 
@@ -149,42 +142,6 @@ def vllm_config(heads: int, kv_cache_dtype: str) -> VllmConfig:
     cfg.scheduler_config.max_num_batched_tokens = 512
     cfg.scheduler_config.max_num_seqs = 8
     return cfg
-
-
-def batch():
-    """Block table, slot mapping of every position, logical top-k of every query token."""
-    num_reqs = len(REQUESTS)
-    max_blocks = max(math.ceil(s / BLOCK) for _, s in REQUESTS)
-    num_blocks = num_reqs * max_blocks + 2
-    perm = torch.randperm(num_blocks, generator=gen)[: num_reqs * max_blocks]
-    block_table = perm.view(num_reqs, max_blocks).to(torch.int32)
-    topk = torch.full((512, WIDTH), -1, dtype=torch.int32)
-    req_of_token, pos_of_token, t = [], [], 0
-    for r, (ql, sl) in enumerate(REQUESTS):
-        for i in range(ql):
-            pos = sl - ql + i
-            n = min(WIDTH - 32, pos + 1)  # some rows reach past index_topk
-            sel = torch.randperm(pos + 1, generator=gen)[:n].to(torch.int32)
-            cols = torch.randperm(WIDTH, generator=gen)[:n]  # -1 holes anywhere
-            topk[t, cols] = sel
-            req_of_token.append(r)
-            pos_of_token.append(pos)
-            t += 1
-    all_slots = [  # every position of every request (the cache holds the whole sequence)
-        torch.tensor([int(block_table[r, p // BLOCK]) * BLOCK + p % BLOCK for p in range(sl)])
-        for r, (_, sl) in enumerate(REQUESTS)]
-    q_lens = [q for q, _ in REQUESTS]
-    qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
-    seq_lens = torch.tensor([s for _, s in REQUESTS], dtype=torch.int32)
-    T = int(qsl[-1])
-    new_slots = torch.cat([all_slots[r][-ql:] for r, (ql, _) in enumerate(REQUESTS)])
-    cm = CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq_lens,
-        num_reqs=num_reqs, num_actual_tokens=T, max_query_len=max(q_lens),
-        max_seq_len=int(seq_lens.max()), block_table_tensor=block_table,
-        slot_mapping=new_slots.to(torch.int64), seq_lens_cpu_upper_bound=seq_lens.clone())
-    return dict(block_table=block_table, num_blocks=num_blocks, topk=topk, T=T, cm=cm,
-                all_slots=all_slots, req=req_of_token, pos=pos_of_token)
 
 
 def write_cache(b, kv_cache_dtype: str):
@@ -296,26 +253,6 @@ def make_layer(impl, heads, kv_cache_dtype, cfg):
     return layer
 
 
-def reference_layer(q, b, ref_rows, layer, scale):
-    """float64 MLA: ql = q_nope W_UK; softmax(scale [ql, q_pe] . k) . kv_c; then W_UV."""
-    heads = layer.num_heads
-    out = torch.zeros(b["T"], heads, layer.v_head_dim, dtype=torch.float64)
-    for t in range(b["T"]):
-        idx = b["topk"][t]
-        idx = idx[idx >= 0].long()
-        keys = ref_rows[b["req"][t]][idx]  # [k, 576]
-        ql = torch.einsum("hp,lhp->hl", q[t, :, : layer.qk_nope_head_dim].double(), layer.W_UK)
-        qf = torch.cat([ql, q[t, :, layer.qk_nope_head_dim:].double()], -1)
-        p = torch.softmax(scale * qf @ keys.T, dim=-1)
-        lat = p @ keys[:, :LORA]
-        out[t] = torch.einsum("hl,lhv->hv", lat, layer.W_UV64)
-    return out.reshape(b["T"], -1)
-
-
-def rel_err(x, ref):
-    return ((x.double() - ref).norm() / ref.norm()).item()
-
-
 calls = {"convert": 0}
 stats: dict[str, float] = {}
 _convert = index_group_mod.triton_convert_req_index_to_global_index
@@ -332,7 +269,7 @@ failures = 0
 for kv_cache_dtype in ("auto", "fp8_ds_mla"):
     heads = GEOMETRY["heads"]
     cfg = vllm_config(heads, kv_cache_dtype)
-    b = batch()
+    b = batch(gen, CommonAttentionMetadata)
     buf = b["topk"]
     with set_current_vllm_config(cfg):
         spec = backend.TritonMLASparseBackend.customize_spec(MLAAttentionSpec(
