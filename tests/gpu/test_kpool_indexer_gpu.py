@@ -63,12 +63,19 @@ def mods(vllm_tree):
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         pytest.skip("TRITON_INTERPRET is set in this process: run tests/gpu separately")
     provide_ops_package(vllm_tree)
+    # provide_ops_package may already have put a vllm.triton_utils stand-in there: each stand-in
+    # below is installed where its module is missing, independently of the others
     if "vllm.triton_utils" not in sys.modules:
         sys.modules["vllm.triton_utils"] = types.SimpleNamespace(tl=tl, triton=triton)
+    if "vllm.utils" not in sys.modules:
         utils = types.ModuleType("vllm.utils")
         utils.__path__ = []
+        sys.modules["vllm.utils"] = utils
+    if "vllm.utils.deep_gemm" not in sys.modules:
         dg = types.ModuleType("vllm.utils.deep_gemm")
         dg.mqa_logits_use_mx_scales = lambda: False
+        sys.modules[dg.__name__] = dg
+    if "vllm.v1.attention.ops.common" not in sys.modules:
         common = types.ModuleType("vllm.v1.attention.ops.common")
 
         @triton.jit
@@ -76,8 +83,7 @@ def mods(vllm_tree):
             return x.to(tl.int32, bitcast=True)
 
         common.pack_ue8m0_x4 = pack_ue8m0_x4
-        sys.modules.update({"vllm.utils": utils, "vllm.utils.deep_gemm": dg,
-                            common.__name__: common})
+        sys.modules[common.__name__] = common
     path = Path(vllm_tree) / "vllm/models/glm5next/nvidia/ops/kpool_compress.py"
     if not path.is_file():
         pytest.fail(f"{path} is missing: SMLA_TREE must be a 0.33.0 tree (or kpool bundle)")

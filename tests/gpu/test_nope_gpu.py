@@ -171,11 +171,17 @@ def test_nope_vs_float64(smla, caches, path, dtype, kv, H, T):
     out = run(smla, cache, slots, ql, q_pe, kv, dtype, **kw)
     err = check(f"{path}-{kv}", out, latent, slots, ql, dtype, path=path, kv=kv, heads=H,
                 tokens=T, config=kw.get("config"), splits=kw.get("num_splits"))
-    # the 3 tail entries (columns 2048..2050) are read: without them the result moves
+    # the 3 tail entries (columns 2048..2050) are read: without them the result moves. Asserted
+    # where the tail moves the float64 result by more than 4x this case's error (3 of ~2000 tokens:
+    # bf16 with the fp8 cache at 2 tokens measured 3.8e-3 error against a ~1.3e-3 move on the H200,
+    # 2026-12-02); the same kernel path's fp16 and 16-bit cases read the tail then.
     cut = slots.clone()
     cut[:, TOPK:] = -1
     ref_cut = reference_sparse_mla(ql, latent, cut, SCALE, token_chunk=8)
-    assert rel_err(out, ref_cut) > 2 * max(err, BOUNDS[dtype] / 10)
+    ref = reference_sparse_mla(ql, latent, slots, SCALE, token_chunk=8)
+    floor = max(err, BOUNDS[dtype] / 10)
+    if rel_err(ref_cut, ref) > 4 * floor:
+        assert rel_err(out, ref_cut) > 2 * floor
 
 
 @pytest.mark.parametrize("dequant", [False, True], ids=["codes", "dequant"])
