@@ -10,18 +10,14 @@ with payload {"tree": PATH, "cells": [cell dicts, each with its HF config as
 per cell (fields: see smla.selection.run_selection).  smla.selection also
 imports this module in-process for import_vllm_tree().
 
-In the child the file imports nothing from `smla` (the stand-ins are loaded by path) and nothing but the standard library at
-module level: in the child the vLLM tree, not the toolkit, is on sys.path.
+The file imports nothing from `smla` (the stand-ins are loaded by path) and only the standard
+library at module level: in the child the vLLM tree, not the toolkit, is on sys.path.
 
-The stand-ins (compiled modules, FlashInfer, no CUDA device, the mocked
-platform) and the machinery that installs them are in
-_selection_standins.py, beside this file: this module is the query, what
-vLLM's selection answers for each cell, with those stand-ins installed.
-The model config stand-in is here (_derive_model): VllmConfig.model_config
-is a SimpleNamespace with hf_config / hf_text_config (a plain transformers
-PretrainedConfig with the config's fields), dtype and use_mla: what the
-selection path reads. use_mla, use_sparse, head size and dtype "auto" are
-derived by the tree's own code.
+The stand-ins (compiled modules, FlashInfer, no CUDA device, the mocked platform) are installed
+by _selection_standins.py; this module is the query, what vLLM's selection answers per cell. The
+model config stand-in is here (_derive_model): VllmConfig.model_config is a SimpleNamespace with
+hf_config / hf_text_config (a plain PretrainedConfig with the config's fields), dtype and use_mla;
+use_mla, use_sparse, head size and dtype "auto" are derived by the tree's own code.
 
 DeepSeek-V4 (model_type deepseek_v4) is asked differently: its CUDA model picks
 its attention class itself (nvidia/model.py::_select_dsv4_attn_cls), not through
@@ -351,13 +347,11 @@ class _Selection:
         return res
 
     def _dsv4_case(self, mods, cap, backend_enum, choice: str | None) -> dict[str, Any]:
-        """One case; `choice`: the KernelConfig switch's value (0.33.0 line), None where the tree
-        has none (0.26.0 line: the env var, set by dsv4_inputs)."""
+        """One case; `choice`: the KernelConfig switch's value (0.33.0), None (0.26.0: the env var)."""
         kwargs = {"attention_config": self.AttentionConfig(backend=backend_enum)}
         if choice is not None:
-            from vllm.config import KernelConfig
-
-            kwargs["kernel_config"] = KernelConfig(**{standins.DSV4_CONFIG_FIELD: choice})
+            kwargs["kernel_config"] = importlib.import_module("vllm.config").KernelConfig(
+                **{standins.DSV4_CONFIG_FIELD: choice})
         vllm_config = self.VllmConfig(**kwargs)
         select_args = () if choice is None else (choice,)
         out: dict[str, Any] = {"attention": None, "error": None}
@@ -379,9 +373,8 @@ class _Selection:
         out["mhc"] = out["o_proj"] = None
         if mods.portable is not None:
             kernels, why = mods.portable.select_dsv4_mhc_kernels(*select_args)
-            out["mhc"] = {"kernels": {f: getattr(kernels, f).__module__.rsplit(".", 1)[-1]
-                                      for f in kernels._fields if callable(getattr(kernels, f))},
-                          "reason": why}
+            out["mhc"] = {"reason": why, "kernels": {f: getattr(kernels, f).__module__.rsplit(".", 1)[-1]
+                                                     for f in kernels._fields if callable(getattr(kernels, f))}}
             path, why = mods.portable.select_dsv4_o_proj(*select_args)
             out["o_proj"] = {"path": path, "reason": why}
         supported = getattr(mods.ops, "cutedsl_supported", None)
@@ -428,9 +421,8 @@ class _Selection:
         return facts
 
 
-# GLM-5.3-Flash: its pooled (kpool) indexer is an op of its own model package
-# (vllm/models/glm5next/nvidia/sparse_indexer.py), which runs the series' logits choice only
-# where the tree's op calls select_sparse_indexer_logits; upstream's scores with DeepGEMM only.
+# GLM-5.3-Flash's pooled (kpool) indexer op (vllm/models/glm5next/nvidia/sparse_indexer.py) takes
+# the series' logits choice where it calls select_sparse_indexer_logits; upstream's: DeepGEMM only.
 GLM5NEXT_MODEL_TYPES = ("glm5_next", "glm5_next_text")
 
 
