@@ -34,8 +34,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sparse_mla_reference import provide_ops_package  # noqa: E402
@@ -62,6 +60,11 @@ def mods(vllm_tree):
     """(kpool_compress, triton_dsa_indexer) loaded from the tree."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         pytest.skip("TRITON_INTERPRET is set in this process: run tests/gpu separately")
+    # imported here, not at module level: collecting this module must not import Triton before
+    # the interpreter tests set TRITON_INTERPRET (Triton decorates its own library at import)
+    import triton
+    import triton.language as tl
+
     provide_ops_package(vllm_tree)
     # provide_ops_package may already have put a vllm.triton_utils stand-in there: each stand-in
     # below is installed where its module is missing, independently of the others
