@@ -13,16 +13,6 @@ import pytest
 import series_lint
 from conftest import current_line
 
-# Kernel files other work is rewriting now (the GLM-5.3-Flash kernels): to be formatted after
-# that merge, and this list removed then. Their findings are listed, not failed; an entry whose
-# file is clean fails (remove it). vllm/v1/attention/ops/triton_sparse_mla_dsv4.py and
-# triton_fp8_e4m3.py are clean already and are checked like every other file.
-PENDING_KERNEL_FORMAT = {
-    "vllm/v1/attention/ops/triton_sparse_mla.py",
-    "vllm/v1/attention/ops/triton_dsa_indexer.py",
-    "vllm/v1/attention/ops/triton_launch.py",
-}
-
 
 @pytest.fixture(scope="module")
 def lint(vllm_tree):
@@ -35,17 +25,9 @@ def lint(vllm_tree):
 
 def test_series_is_lint_clean(lint):
     check, fmt = lint
-    bad = [str(f) for f in check if f.path not in PENDING_KERNEL_FORMAT]
-    bad += [f"{p}: ruff format would reformat it" for p in fmt if p not in PENDING_KERNEL_FORMAT]
+    bad = [str(f) for f in check]
+    bad += [f"{p}: ruff format would reformat it" for p in fmt]
     assert not bad, f"line {current_line()}: vLLM's ruff finds, in what the series adds:\n" + "\n".join(bad)
-
-
-def test_pending_kernel_entries_still_needed(lint, vllm_tree):
-    check, fmt = lint
-    dirty = {f.path for f in check} | set(fmt)
-    added, _ = series_lint.series_files(vllm_tree)
-    stale = sorted(p for p in PENDING_KERNEL_FORMAT if p in added and p not in dirty)
-    assert not stale, f"lint-clean now, remove from PENDING_KERNEL_FORMAT: {stale}"
 
 
 # ------------------------------------------------------------ what counts, on a tiny repository

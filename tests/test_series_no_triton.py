@@ -19,17 +19,6 @@ import series_lint
 from conftest import current_line
 
 HERE = Path(__file__).parent
-# Kernel files other work is rewriting now (the GLM-5.3-Flash kernels): their `import triton`
-# lines move to `from vllm.triton_utils import tl, triton` after that merge, and this list goes.
-# A module that fails only through one of them is listed, not failed; an entry that no longer
-# imports Triton itself fails (remove it).
-PENDING_KERNEL_IMPORTS = {
-    "vllm/v1/attention/ops/triton_sparse_mla.py",
-    "vllm/v1/attention/ops/triton_dsa_indexer.py",
-    "vllm/v1/attention/ops/triton_sparse_mla_dsv4.py",
-    "vllm/v1/attention/ops/triton_fp8_e4m3.py",
-    "vllm/v1/attention/ops/triton_launch.py",
-}
 _TRITON_IMPORT = re.compile(r"^\s*(import triton\b|from triton\b)")
 
 
@@ -51,13 +40,13 @@ def _module(path: str) -> str:
 @pytest.fixture(scope="module")
 def imports(vllm_tree):
     """{module: [error, the file that raised it]} of the series' vLLM modules that fail without
-    Triton (through a pending kernel file, or in a fresh process of their own where the pristine
-    tree imports them)."""
+    Triton (each failure confirmed in a fresh process of its own, where the pristine tree imports
+    the module)."""
     added, changed = series_lint.series_files(vllm_tree)
     mods = [_module(p) for p in added + sorted(changed) if p.startswith("vllm/")]
     first = {m: r for m, r in _import(vllm_tree, mods).items() if r != "ok"}
-    failed = {m: r for m, r in first.items() if r[1] in PENDING_KERNEL_IMPORTS}
-    for m in sorted(set(first) - set(failed)):  # alone: the failure is this module's own
+    failed = {}
+    for m in sorted(first):  # alone: the failure is this module's own
         r = _import(vllm_tree, [m])[m]
         if r != "ok":
             failed[m] = r
@@ -71,9 +60,8 @@ def imports(vllm_tree):
 
 
 def test_series_modules_import_without_triton(imports):
-    bad = {m: r for m, r in imports.items() if r[1] not in PENDING_KERNEL_IMPORTS}
-    assert not bad, f"line {current_line()}: without Triton these fail (error, raised in):\n" + \
-        "\n".join(f"{m}: {r}" for m, r in sorted(bad.items()))
+    assert not imports, f"line {current_line()}: without Triton these fail (error, raised in):\n" + \
+        "\n".join(f"{m}: {r}" for m, r in sorted(imports.items()))
 
 
 def test_no_direct_triton_import(vllm_tree):
@@ -84,15 +72,7 @@ def test_no_direct_triton_import(vllm_tree):
         lines = (vllm_tree / path).read_text().splitlines()
         mine = range(1, len(lines) + 1) if path in added else sorted(changed[path])
         hits += [f"{path}:{n}: {lines[n - 1].strip()}" for n in mine
-                 if n <= len(lines) and _TRITON_IMPORT.match(lines[n - 1])
-                 and path not in PENDING_KERNEL_IMPORTS]
+                 if n <= len(lines) and _TRITON_IMPORT.match(lines[n - 1])]
     assert not hits, "import Triton through vllm.triton_utils (from vllm.triton_utils import tl, " \
                      "triton):\n" + "\n".join(hits)
 
-
-def test_pending_kernel_entries_still_needed(vllm_tree):
-    added, _ = series_lint.series_files(vllm_tree)
-    stale = sorted(p for p in PENDING_KERNEL_IMPORTS if p in added
-                   and not any(_TRITON_IMPORT.match(line) for line in (vllm_tree / p).read_text().splitlines()))
-    assert not stale, f"these import Triton through vllm.triton_utils now: remove them from " \
-                      f"PENDING_KERNEL_IMPORTS: {stale}"
