@@ -167,7 +167,7 @@ E2E_DIR   ?= .e2e
 E2E_ARGS  ?=
 .PHONY: e2e-bundle e2e-bundle-v4-upstream test-e2e test-e2e-pieces
 e2e-bundle: $(STAMP)
-	@test -n "$(E2E_WHEEL)" || { echo "error: no wheel in dist/: make build-wheel, or E2E_WHEEL=/path/to/vllm-*.whl" >&2; exit 2; }
+	@test -n "$(E2E_WHEEL)" || { echo "error: no vLLM $(VLLM) wheel in dist/ (dist/vllm-$(VLLM)+*.whl): make build-wheel VLLM=$(VLLM), or another line with VLLM=<release>, or E2E_WHEEL=/path/to/vllm-*.whl" >&2; exit 2; }
 	$(BIN)/python tests/e2e/bundle.py --wheel "$(E2E_WHEEL)" --out "$(E2E_DIR)"
 
 # e2e-bundle-v4-upstream: the optional second bundle (.e2e-extra/): TileLang and CuTe DSL, which
