@@ -22,9 +22,10 @@ FLASHMLA_SPARSE serves GLM-5.3-Flash on sm90 (flashmla_sparse.py: get_supported_
              time, in FlashMLA's favour)
   fp8_ds_mla  q_head_size = kv_lora_rank + 64 = 576 (q_pe zero-padded: q . 0 = 0), decode
              kernel _fp8_flash_mla_kernel: sparse_decode_fwd(q [T, 1, 64, 576], kv [blocks, 64,
-             1, 656], idx [T, 1, 2176]) (one decode token per request; scheduler metadata made
-             once per shape, outside the time).  At >= 32 heads 0.33.0 serves prefill tokens
-             by upconverting the gathered rows to bf16 first (not timed here); every
+             1, 656], idx [T, 1, 2176]): T one-token requests; below 32 heads the mixed
+             batch, q [1, T, 64, 576] (_forward_fp8_kv_mixed_batch); scheduler metadata made
+             once per shape, outside the time.  At >= 32 heads 0.33.0 serves prefill tokens
+             by upconverting the gathered rows to bf16 first (not timed here): there every
              fp8 cell is timed as a decode batch of T requests.
 Tokens <= 64: CUDA-graph replays (vLLM's decode), else eager do_bench medians (L2 flushed).
 Error: both sides vs float64 on the first 4 tokens.
@@ -176,12 +177,16 @@ class FlashMLA:
     def __init__(self, kv, T, H, cache, ql, slots):
         self.ops = torch.ops._flashmla_C
         self.H, self.cache = H, cache
-        hp = 64 if H <= 64 else 128
+        self.hp = hp = 64 if H <= 64 else 128
         if cache == "fp8_ds_mla":
-            q = torch.zeros((T, 1, hp, R + 64), dtype=torch.bfloat16, device="cuda")
-            q[:, 0, :H, :R] = ql  # q_pe zero-padded to the 576 layout
-            self.q, self.kv = q, kv.view(torch.uint8).unsqueeze(-2)  # [blocks, 64, 1, 656]
-            self.idx = slots.view(T, 1, -1)
+            # below MIN_HEADS_FOR_BF16_PREFILL (32) heads the mixed batch: every token one query
+            # row of one batch entry, [1, T, ..]; else the decode path: T one-token requests
+            b, s_q = (1, T) if H < 32 else (T, 1)
+            self.shape = f"[{b}, {s_q}, {hp}, 576]"
+            q = torch.zeros((T, hp, R + 64), dtype=torch.bfloat16, device="cuda")
+            q[:, :H, :R] = ql  # q_pe zero-padded to the 576 layout
+            self.q, self.kv = q.view(b, s_q, hp, R + 64), kv.view(torch.uint8).unsqueeze(-2)
+            self.idx = slots.view(b, s_q, -1)  # kv: [blocks, 64, 1, 656]
             out = self.ops.sparse_decode_fwd(self.q, self.kv, self.idx, None, None, None, None,
                                              None, None, None, R, SCALE, None)
             self.sched, self.nsplit = out[2], out[3]
@@ -190,6 +195,7 @@ class FlashMLA:
             q = torch.zeros((T, hp, R), dtype=torch.bfloat16, device="cuda")
             q[:, :H] = ql
             self.q, self.kv = q, kv.view(-1, 1, R)  # d_qk 512
+            self.shape = f"[{T}, {hp}, 512]"
             self.idx = slots.view(T, 1, -1)
             self.out = torch.empty((T, hp, R), dtype=torch.bfloat16, device="cuda")
 
@@ -202,8 +208,7 @@ class FlashMLA:
                                            self.out)[0]
 
     def result(self):
-        out = self()
-        return out.reshape(out.shape[0], -1, R)[:, : self.H]
+        return self().reshape(-1, self.hp, R)[:, : self.H]  # [T, H, 512]
 
 
 def attention_err(out, ql, kv, slots, cache, n=N_CHECK) -> float:
@@ -439,9 +444,8 @@ def run_attention(mod, heads, tokens, emit, bw, g: Grid | None = None) -> None:
                 if have_fm:
                     try:
                         fm = FlashMLA(kv, T, H, cache, ql, slots)
-                        r["flashmla_call"] = ("sparse_decode_fwd d_qk 576 (fp8_ds_mla, q_pe 0)"
-                                              if cache == "fp8_ds_mla"
-                                              else "sparse_prefill_fwd d_qk 512")
+                        r["flashmla_call"] = ("sparse_decode_fwd q " if cache == "fp8_ds_mla"
+                                              else "sparse_prefill_fwd q ") + fm.shape
                         r["flashmla_us"] = g.timer(fm, graph)
                         r["flashmla_rel_err_vs_f64"] = attention_err(fm.result(), ql, kv, slots,
                                                                      cache)
@@ -499,6 +503,7 @@ def run_indexer(idx, decode, pages, emit, bw, g: Grid | None = None) -> None:
                     r["deepgemm_rel_err_vs_f64"] = logits_err(fn(), ref, check_rows)
                     if "ours_us" in r:
                         r["ours_vs_deepgemm"] = r["ours_us"] / r["deepgemm_us"]
+                    if "ours_graph_us" in r:
                         r["ours_vs_deepgemm_graph"] = r["ours_graph_us"] / r["deepgemm_graph_us"]
                 except Exception as e:  # noqa: BLE001
                     r["deepgemm_error"] = repr(e)[:300]
