@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Print the attention, host-time, DeepSeek-V4 decode and indexer benchmark results
-(attention.json, host.json, dsv4.json, indexer.json in DIR) as short tables.
+"""Print the attention, host-time, DeepSeek-V4 decode, indexer and GLM-5.3-Flash benchmark
+results (attention.json, host.json, dsv4.json, indexer.json, glm53.json in DIR) as short tables.
 usage: python bench/summarize.py DIR
        python bench/summarize.py --readme DIR   (the README's Speed tables, Markdown)"""
 from __future__ import annotations
@@ -59,6 +59,23 @@ def main(d: Path) -> None:
               ["batch", "context", "next_n", "path", "ours_us", "deepgemm_us", "ours_vs_deepgemm",
                "pct_copy_bw", "before_us", "step_ours_topk_us", "step_deepgemm_persistent_topk_us",
                "host_us"])
+
+    g = d / "glm53.json"
+    if g.is_file():
+        res = json.loads(g.read_text())
+        print(f"GLM-5.3-Flash (copy {res['copy_tbps']:.2f} TB/s): NoPE attention, top-k width 2176")
+        table([r for r in res["rows"] if r["call"] == "attention"],
+              ["cache", "heads", "tokens", "graph", "ours_us", "flashmla_us", "ours_vs_flashmla",
+               "pct_copy_bw", "rel_err_vs_f64", "flashmla_rel_err_vs_f64", "error",
+               "flashmla_error"])
+        print("pooled indexer decode logits, 16 heads (DeepGEMM: 32 padded); eager and graph")
+        table([r for r in res["rows"] if r["call"] == "indexer-decode"],
+              ["page_pools", "batch", "context", "ours_us", "deepgemm_us", "ours_vs_deepgemm",
+               "ours_graph_us", "deepgemm_graph_us", "software_us", "pct_copy_bw",
+               "ours_rel_err_vs_f64", "deepgemm_rel_err_vs_f64", "deepgemm_error"])
+        table([r for r in res["rows"] if r["call"] == "indexer-prefill"],
+              ["queries", "context", "pools", "ours_us", "deepgemm_us", "ours_vs_deepgemm",
+               "software_us", "ours_rel_err_vs_f64", "deepgemm_rel_err_vs_f64"])
 
 
 # the README's Speed section: these cells of attention.json (host.json: bench/README.md)

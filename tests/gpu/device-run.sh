@@ -31,8 +31,16 @@
 #   nope     carry .gpu-port/nope (the kernel files and the series' kernel test, copied from the
 #            work tree: see the phase below): the NoPE (GLM-5.3-Flash, head 512) GPU test
 #            tests/gpu/test_nope_gpu.py and the series' test_sparse_mla_fwd_nope; about a minute
+#   glm53    carry .gpu-port/glm53 (GLM-5.3-Flash, issue 36; ~3 MB, made on the CPU side after
+#            `make patch` by  SMLA_BUNDLE_PARTS="fm kern kpool" bash tests/gpu/make-bundle.sh \
+#            .gpu-port/glm53 ~/.cache/vllm-sparse-mla/downloads/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
+#            : FlashMLA and DeepGEMM of the 0.26.0 wheel, the 0.33.0 line's kernel files and
+#            kpool files): the NoPE GPU test, the kpool pooled-indexer GPU test (vs DeepGEMM too)
+#            and the series' fwd_nope test while the benchmark's attention launches compile, then
+#            bench/bench_glm53.py (NoPE attention vs FlashMLA, pooled logits vs DeepGEMM;
+#            $OUT/glm53.json); the benchmark stops SMLA_GLM53_BUDGET seconds (380) after the phase started
 # installed and fp8 pack their logs into $OUT/logs.tar.xz (a call returns at most 8 files).
-# usage (repo root): bash tests/gpu/device-run.sh all|kernels|backend|bench [pytest args]
+# usage (repo root): bash tests/gpu/device-run.sh all|kernels|backend|bench|...|glm53 [pytest args]
 # Results under $OUT: gpu-env.txt, gpu-tests-<phase>.log, gpu-results.jsonl, bench/ (kernels).
 set -euo pipefail
 phase=${1:?usage: device-run.sh kernels|backend [pytest args]}
@@ -281,6 +289,50 @@ case "$phase" in
       -p no:cacheprovider "$b"/nope/tests/kernels/attention/test_triton_sparse_mla.py -k fwd_nope -q -rA \
       > "$out/series-tests-nope.log" 2>&1 || rc=$?
     tail -1 "$out/series-tests-nope.log"
+    exit $rc
+    ;;
+  glm53)  # carry .gpu-port/glm53 (see the header): issue 36's GPU tests and speed, one call
+    g=$b/glm53
+    xz -dc "$g/fm/_flashmla_C.abi3.so.xz" > "$work/_flashmla_C.abi3.so"
+    mkdir -p "$work/dg" && tar -xJf "$g/dg.tar.xz" -C "$work/dg"
+    sha256sum "$g"/kern/vllm/v1/attention/ops/triton_{sparse_mla,dsa_indexer,fp8_e4m3,launch}.py \
+      "$g"/kpool/vllm/models/glm5next/nvidia/ops/kpool_compress.py | tee -a "$out/gpu-env-$phase.txt"
+    export SMLA_TREE=$PWD/$g/kern SMLA_FLASHMLA_SO=$work/_flashmla_C.abi3.so \
+      SMLA_DEEPGEMM_DIR=$work/dg CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONUNBUFFERED=1
+    budget=${SMLA_GLM53_BUDGET:-380}
+    rc=0
+    # the attention grid's launches compile in 8 processes while the tests run
+    timeout 200 python3 bench/bench_glm53.py "$out" --prewarm 8 --prewarm-only > "$out/prewarm.log" 2>&1 &
+    pw=$!
+    if [ "${SMLA_SKIP_TESTS:-0}" != 1 ]; then
+      SMLA_GPU_RESULTS=$out/nope-gpu-results.jsonl timeout 150 python3 -m pytest \
+        tests/gpu/test_nope_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" > "$out/gpu-tests-nope.log" 2>&1 &
+      tn=$!
+      SMLA_TREE=$PWD/$g/kpool SMLA_KPOOL_RESULTS=$out/kpool-gpu.jsonl timeout 150 python3 -m pytest \
+        tests/gpu/test_kpool_indexer_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
+        > "$out/gpu-tests-kpool.log" 2>&1 &
+      tk=$!
+      wait $tn || rc=$?
+      wait $tk || rc=$?
+      PYTHONPATH=$PWD/tests:$PWD/tests/gpu timeout 90 python3 -m pytest -p series_ops_stub \
+        -p no:cacheprovider "$g"/kern/tests/kernels/attention/test_triton_sparse_mla.py -k fwd_nope -q -rA \
+        > "$out/series-tests-nope.log" 2>&1 || rc=$?
+      for f in gpu-tests-nope gpu-tests-kpool series-tests-nope; do
+        grep -E "^(FAILED|ERROR)" "$out/$f.log" | cut -c1-200 || true
+        echo "$f: $(tail -1 "$out/$f.log")"
+      done
+    fi
+    wait $pw || echo "prewarm exit $?"
+    tail -1 "$out/prewarm.log"
+    left=$(( budget - SECONDS )); [ $left -lt 60 ] && left=60
+    echo "bench_glm53: ${left} s left"
+    timeout $left python3 bench/bench_glm53.py "$out" > "$out/bench-glm53.log" 2>&1 \
+      || echo "bench_glm53 exit $?" | tee -a "$out/bench-glm53.log"
+    python3 bench/summarize.py "$out" | tee "$out/summary.txt" || true
+    tar -C "$out" -cJf /tmp/smla-glm53-logs.tar.xz . && mv /tmp/smla-glm53-logs.tar.xz "$out/logs.tar.xz"
+    find "$out" -mindepth 1 -not -name logs.tar.xz -not -name '*.json' -not -name summary.txt \
+      -not -name '*.jsonl' -not -name 'gpu-env-*' -delete
+    echo "phase glm53: ${SECONDS} s"
     exit $rc
     ;;
   bench)  # carry .gpu-port/kern: the benchmark alone (also part of `kernels`)

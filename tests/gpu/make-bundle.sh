@@ -10,13 +10,19 @@
 #   OUTDIR/fm/, OUTDIR/dg.tar.xz  FlashMLA's and DeepGEMM's compiled code from the same wheel
 #                 (the benchmarks' upstream sides); OUTDIR/before/ (optional, by hand): an earlier
 #                 series' kernel files, for the benchmarks' "before" column
+#   OUTDIR/kpool/ (part "kpool", not in the default parts) the GLM-5.3-Flash pooled-indexer files of
+#                 tests/gpu/kpool-bundle.sh (0.33.0 line)
 #   OUTDIR/tree/  the patched tree's vllm/ (tracked files less tests/gpu/bundle-prune.txt, tar.xz), the wheels of
 #                 bundle-requirements.txt and a vllm-<version>.dist-info (vLLM picks its platform
 #                 from the installed distribution's metadata; a source tree has none)
 # usage (repo root, after `make patch`, with network for the wheels):
 #   bash tests/gpu/make-bundle.sh [OUTDIR=.gpu-port] [WHEEL=<official wheel of the pin>]
 # OUTDIR must be git-ignored (.gitignore lists the default, .gpu-port).
+# SMLA_BUNDLE_PARTS (default "so fm kern v4series tree"): the parts to build, e.g. "fm kern kpool"
+# for device-run.sh glm53 (fm also writes dg.tar.xz; so and tree are the large ones, tree downloads).
 set -euo pipefail
+parts=" ${SMLA_BUNDLE_PARTS:-so fm kern v4series tree} "
+has() { [[ $parts == *" $1 "* ]]; }
 out=${1:-.gpu-port}
 line=${SMLA_LINE:-$(ls lines | grep -E '^[0-9]' | sort -V | tail -n 1)}  # the release line (default: newest)
 version=$(sed -n 's/^version *= *//p' "lines/$line/vllm-pin.txt")
@@ -24,9 +30,10 @@ wheel=${2:-$HOME/.cache/vllm-sparse-mla/downloads/vllm-$version-cp38-abi3-manyli
 tree=${SMLA_TREE:-work/$line/vllm}
 py=${PYTHON:-python3}
 test -f "$wheel" || { echo "no official wheel at $wheel (give its path as the 2nd argument)" >&2; exit 2; }
-rm -rf "$out" && mkdir -p "$out/so" "$out/kern/vllm/v1/attention/ops" "$out/tree/whl" \
-  "$out/tree/site-extra/vllm-$version.dist-info"
+rm -rf "$out" && mkdir -p "$out"
 
+if has so; then
+mkdir -p "$out/so"
 "$py" - "$wheel" "$out/so" <<'PY'
 import hashlib, sys, zipfile
 wheel, dest = sys.argv[1], sys.argv[2]
@@ -35,9 +42,11 @@ open(f"{dest}/_C_stable_libtorch.abi3.so", "wb").write(data)
 open(f"{dest}/SHA256SUMS", "w").write(hashlib.sha256(data).hexdigest() + "  _C_stable_libtorch.abi3.so\n")
 PY
 xz -T0 -9 --x86 --lzma2=preset=9 -f "$out/so/_C_stable_libtorch.abi3.so"
+fi
 
 # FlashMLA (the attention benchmark's upstream side) and DeepGEMM (the indexer's), from the same
 # wheel: device-run.sh speed
+if has fm; then
 mkdir -p "$out/fm" /tmp/smla-bundle-dg && rm -rf /tmp/smla-bundle-dg/*
 "$py" - "$wheel" "$out/fm" /tmp/smla-bundle-dg <<'PY'
 import sys, zipfile
@@ -54,7 +63,10 @@ for name in z.namelist():
 PY
 xz -9 -f "$out/fm/_flashmla_C.abi3.so"
 tar -C /tmp/smla-bundle-dg/vllm/third_party -cJf "$out/dg.tar.xz" deep_gemm
+fi
 
+if has kern; then
+mkdir -p "$out/kern/vllm/v1/attention/ops"
 cp "$tree"/vllm/__init__.py "$out/kern/vllm/"  # tests check for a vLLM tree by this file
 # the kernel modules import their shared helpers (triton_fp8_e4m3.py, triton_launch.py) by absolute name;
 # the tests provide the package path (tests/sparse_mla_reference.py::provide_ops_package)
@@ -67,11 +79,17 @@ mkdir -p "$out/kern/vllm/models/deepseek_v4/nvidia"
 cp "$tree"/vllm/models/deepseek_v4/nvidia/{triton_sparse,flashmla}.py "$out/kern/vllm/models/deepseek_v4/nvidia/"
 cp "$tree"/tests/kernels/attention/test_triton_{sparse_mla,sparse_mla_dsv4,dsa_indexer,fp8_e4m3}.py \
   "$out/kern/tests/kernels/attention/"
+fi
+
+if has kpool; then
+  bash tests/gpu/kpool-bundle.sh "$out/kpool"
+fi
 
 # the series' DeepSeek-V4 tests (patches 0014-0021: e4m3 ops with the software conversion forced,
 # mHC, o_proj, CuTe DSL gates, the attention class, breakable CUDA graphs), run by
 # device-run.sh installed against the wheel the e2e run installed; kept apart from kern/, whose
 # tests run without an installed vLLM
+if has v4series; then
 v4=$out/v4series
 mkdir -p "$v4/tests/kernels/attention" "$v4/tests/v1/cudagraph"
 for d in tests tests/kernels tests/v1 tests/v1/cudagraph; do cp "$tree/$d/__init__.py" "$v4/$d/"; done
@@ -79,7 +97,10 @@ cp "$tree"/tests/kernels/test_deepseek_v4_*.py "$v4/tests/kernels/"
 cp "$tree"/tests/kernels/attention/test_{deepseek_v4_triton_attention,triton_sparse_mla_dsv4}.py \
   "$v4/tests/kernels/attention/"
 cp "$tree"/tests/v1/cudagraph/test_breakable_cudagraph.py "$v4/tests/v1/cudagraph/"
+fi
 
+if has tree; then
+mkdir -p "$out/tree/whl" "$out/tree/site-extra/vllm-$version.dist-info"
 git -C "$tree" ls-files vllm | grep -v '\.\(md\|png\|jpg\)$' | "$py" -c '
 import sys
 prune, keep = [], set()
@@ -105,4 +126,5 @@ done
 printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$version" \
   > "$out/tree/site-extra/vllm-$version.dist-info/METADATA"
 printf 'vllm\n' > "$out/tree/site-extra/vllm-$version.dist-info/top_level.txt"
-du -sb "$out"/so "$out"/kern "$out"/tree
+fi
+du -sb "$out"/*

@@ -55,17 +55,16 @@ def record(**fig):
             f.write(json.dumps(fig) + "\n")
 
 
-@pytest.fixture(scope="module")
-def mods(vllm_tree):
-    """(kpool_compress, triton_dsa_indexer) loaded from the tree."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        pytest.skip("TRITON_INTERPRET is set in this process: run tests/gpu separately")
+def load_kpool_modules(tree):
+    """(kpool_compress, triton_dsa_indexer) loaded from `tree` (a 0.33.0 tree with the series, or
+    the kpool bundle) with stand-ins for the vLLM helpers kpool_compress.py imports; also used by
+    bench/bench_glm53.py (and its CPU smoke, under the interpreter)."""
     # imported here, not at module level: collecting this module must not import Triton before
     # the interpreter tests set TRITON_INTERPRET (Triton decorates its own library at import)
     import triton
     import triton.language as tl
 
-    provide_ops_package(vllm_tree)
+    provide_ops_package(tree)
     # provide_ops_package may already have put a vllm.triton_utils stand-in there: each stand-in
     # below is installed where its module is missing, independently of the others
     if "vllm.triton_utils" not in sys.modules:
@@ -87,9 +86,9 @@ def mods(vllm_tree):
 
         common.pack_ue8m0_x4 = pack_ue8m0_x4
         sys.modules[common.__name__] = common
-    path = Path(vllm_tree) / "vllm/models/glm5next/nvidia/ops/kpool_compress.py"
+    path = Path(tree) / "vllm/models/glm5next/nvidia/ops/kpool_compress.py"
     if not path.is_file():
-        pytest.fail(f"{path} is missing: SMLA_TREE must be a 0.33.0 tree (or kpool bundle)")
+        raise FileNotFoundError(f"{path} is missing: SMLA_TREE must be a 0.33.0 tree (or kpool bundle)")
     spec = importlib.util.spec_from_file_location("smla_kpool_compress", path)
     kc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(kc)
@@ -97,6 +96,17 @@ def mods(vllm_tree):
     from vllm.v1.attention.ops import triton_dsa_indexer as idx
 
     return kc, idx
+
+
+@pytest.fixture(scope="module")
+def mods(vllm_tree):
+    """(kpool_compress, triton_dsa_indexer) loaded from the tree."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("TRITON_INTERPRET is set in this process: run tests/gpu separately")
+    try:
+        return load_kpool_modules(vllm_tree)
+    except FileNotFoundError as e:
+        pytest.fail(str(e))
 
 
 @pytest.fixture
@@ -319,7 +329,10 @@ def test_paged_pooled_logits_vs_deepgemm(mods):
     q, w = rotated_queries(kc, B, seed=10)
     lens = torch.tensor(pools, dtype=torch.int32, device="cuda")[:, None]
     ref = ref_paged(q.view(B, 1, H, D), kv, w, lens, bt)
-    q32 = torch.cat([q, torch.zeros_like(q)], dim=1).view(B, 1, 2 * H, D)
+    # padded as bytes (torch.cat of float8 tensors is not implemented everywhere), then viewed
+    codes = q.view(torch.uint8)
+    q32 = torch.cat([codes, torch.zeros_like(codes)], dim=1).view(torch.float8_e4m3fn)
+    q32 = q32.view(B, 1, 2 * H, D)
     w32 = torch.cat([w, torch.zeros_like(w)], dim=1)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     sched = dg.get_paged_mqa_logits_metadata(lens, page, sms)
