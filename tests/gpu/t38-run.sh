@@ -12,11 +12,19 @@
 #              and checks the wheel (exit 20 if a piece is missing), installs it into /tmp/t38,
 #              requires `import triton` to give 3.8.0 from /tmp/t38, then (Triton 3.8, in parallel)
 #              tests/gpu/test_{kernel,fp8_kv}_gpu.py | test_{indexer,nope}_gpu.py | the series'
-#              tests/kernels/attention tests (kern/) and test_kpool_indexer_gpu.py (kpool/), while
+#              tests/kernels/attention tests (kern/), test_kpool_indexer_gpu.py and the 0.33.0 line's
+#              own tests of its fused V3.2/GLM and kpool kernels (kpool/, tests/gpu/line_ops_stub.py), while
 #              the benchmark cells compile for both Tritons; then bench/bench_attention.py on
 #              SMLA_T38_HEADS x SMLA_T38_TOKENS (default 16,32,64 x 1,1024; bf16 and fp8_ds_mla,
 #              both e4m3 paths, both fp8 kernels) under 3.6, then under 3.8, and
-#              bench/compare_triton.py. About 6-7 minutes.
+#              bench/compare_triton.py. About 7 minutes (worst case, every timeout hit: 9.5).
+# Three calls, each under the 64 MiB a call carries with the repo (10.1 MB on 2026-12-02):
+#   1. t38-stage  carry .t38/manifest.json .t38/pieces/01                    (+52.4 MB)
+#   2. t38-stage  carry .gpu-port/so                                         (+55.4 MB)
+#   3. t38        carry .t38/manifest.json .t38/pieces/02 .gpu-port/kern .gpu-port/kpool
+#                       .gpu-port/dg.tar.xz .gpu-port/fm                      (+53.4 MB)
+# (FlashMLA and DeepGEMM are optional: the benchmark's upstream column and the indexer tests'
+# DeepGEMM comparisons; without vLLM's compiled ops the tests that need them skip, saying so.)
 # Results in $OUT (<= 8 files): t38-summary.txt, bench-compare.txt, gpu-env-t38.txt,
 # gpu-tests-t38.txt (each pytest's last lines and failures), attention-3.6.json, attention-3.8.json,
 # logs.tar.xz (everything).
@@ -89,12 +97,12 @@ t36() { TRITON_CACHE_DIR=/tmp/t36-cache "$@"; }
   env="import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, triton.__file__)"
   echo "3.6: $(t36 python3 -c "$env")"
   echo "3.8: $(t38 python3 -c "$env")"
-  sha256sum "$b"/kern/vllm/v1/attention/ops/*.py "$b"/kpool/vllm/models/glm5next/nvidia/ops/*.py
+  sha256sum "$b"/kern/vllm/v1/attention/ops/*.py "$b"/kpool/vllm/models/*/*/*.py "$b"/kpool/vllm/models/*/*/*/*.py || true
 } | tee "$out/gpu-env-t38.txt"
 t38 python3 -c "import sys, triton; sys.exit(0 if triton.__version__ == '3.8.0' and triton.__file__.startswith('$site/') else 23)" \
   || { echo "Triton 3.8.0 does not import from $site" | tee -a "$out/gpu-env-t38.txt"; exit 23; }
 
-# ---- the tests under 3.8 (three pytest processes) while both benchmarks' launches compile ----
+# ---- the tests under 3.8 (four pytest processes) while both benchmarks' launches compile ----
 [ -f "$work/_C_stable_libtorch.abi3.so" ] && export SMLA_VLLM_C_SO=$work/_C_stable_libtorch.abi3.so
 [ -d "$work/dg/deep_gemm" ] && export SMLA_DEEPGEMM_DIR=$work/dg CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PYTHONUNBUFFERED=1
@@ -109,19 +117,22 @@ py="python3 -m pytest -m gpu -q -p no:cacheprovider -rA"
 (SMLA_INDEXER_RESULTS=$out/indexer-gpu-results.jsonl SMLA_GPU_RESULTS=$out/nope-gpu-results.jsonl \
   t38 timeout 280 $py tests/gpu/test_indexer_gpu.py tests/gpu/test_nope_gpu.py "$@" \
   > "$out/tests-indexer-nope.log" 2>&1) & p2=$!
-(PYTHONPATH=$PWD/tests:$PWD/tests/gpu t38 timeout 200 python3 -m pytest -p series_ops_stub \
-  -p no:cacheprovider -q -rA "$b"/kern/tests/kernels/attention/ > "$out/tests-series.log" 2>&1
- SMLA_TREE=$PWD/$b/kpool SMLA_KPOOL_RESULTS=$out/kpool-gpu.jsonl t38 timeout 80 \
+(PYTHONPATH=$PWD/tests:$PWD/tests/gpu t38 timeout 250 python3 -m pytest -p series_ops_stub \
+  -p no:cacheprovider -q -rA "$b"/kern/tests/kernels/attention/ > "$out/tests-series.log" 2>&1) & p3=$!
+(SMLA_TREE=$PWD/$b/kpool SMLA_KPOOL_RESULTS=$out/kpool-gpu.jsonl t38 timeout 80 \
   python3 -m pytest tests/gpu/test_kpool_indexer_gpu.py -q -p no:cacheprovider -rA -s \
-  > "$out/tests-kpool.log" 2>&1) & p3=$!
+  > "$out/tests-kpool.log" 2>&1 || f=1
+ PYTHONPATH=$PWD/tests:$PWD/tests/gpu SMLA_TREE=$PWD/$b/kpool t38 timeout 80 python3 -m pytest \
+  -p line_ops_stub -p no:cacheprovider -q -rA "$b"/kpool/tests/kernels/ > "$out/tests-line-0.33.0.log" 2>&1 || f=1
+ exit ${f:-0}) & p5=$!
 (t36 timeout 120 python3 bench/bench_attention.py "$out/bench-3.6" "${cells[@]}" --prewarm 4 --prewarm-only \
-  > "$out/prewarm-3.6.log" 2>&1; t38 timeout 150 python3 bench/bench_attention.py "$out/bench-3.8" \
+  > "$out/prewarm-3.6.log" 2>&1 || true; t38 timeout 150 python3 bench/bench_attention.py "$out/bench-3.8" \
   "${cells[@]}" --prewarm 4 --prewarm-only > "$out/prewarm-3.8.log" 2>&1) & p4=$!
 rc=0
-for p in $p1 $p2 $p3; do wait "$p" || rc=1; done
+for p in $p1 $p2 $p3 $p5; do wait "$p" || rc=1; done
 wait "$p4" || true
 {
-  for f in tests-kernel-fp8 tests-indexer-nope tests-series tests-kpool; do
+  for f in tests-kernel-fp8 tests-indexer-nope tests-series tests-kpool tests-line-0.33.0; do
     echo "== $f"; grep -E "^(FAILED|ERROR)" "$out/$f.log" | cut -c1-220 || true; tail -n 1 "$out/$f.log"
   done
 } | tee "$out/gpu-tests-t38.txt"
