@@ -44,7 +44,7 @@ unset TRITON_INTERPRET
 # vLLM 0.26.0's compiled ops, FlashMLA, DeepGEMM: from what this call carried into $work
 # (they then stay in /tmp for the later calls)
 unpack_port() {
-  if [ -f "$b/so/SHA256SUMS" ] && ! (cd "$work" && sha256sum -c --quiet "$OLDPWD/$b/so/SHA256SUMS" 2>/dev/null); then
+  if [ -f "$b/so/SHA256SUMS" ] && ! (cd "$work" && sha256sum -c --quiet "$OLDPWD/$b/so/SHA256SUMS" >/dev/null 2>&1); then
     xz -dc "$b/so/_C_stable_libtorch.abi3.so.xz" > "$work/_C_stable_libtorch.abi3.so"
     cp "$b/so/SHA256SUMS" "$work/"
     (cd "$work" && sha256sum -c SHA256SUMS) || { rm -f "$work/_C_stable_libtorch.abi3.so"; return 21; }
