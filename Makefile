@@ -175,6 +175,12 @@ e2e-bundle: $(STAMP)
 e2e-bundle-v4-upstream: $(STAMP)
 	$(BIN)/python tests/e2e/bundle.py --extra --out .e2e-extra
 
+# t38-bundle: Triton 3.8.0 (what vLLM 0.33.0's torch 2.14 pins) for the lent H200, in pieces under .t38/
+# (tests/gpu/t38_bundle.py; run there by tests/gpu/device-run.sh t38-stage / t38).
+.PHONY: t38-bundle
+t38-bundle: $(STAMP)
+	$(BIN)/python tests/gpu/t38_bundle.py --out .t38
+
 test-e2e:
 	$(GPU_ENV) bash tools/gpu-local.sh test-e2e $(E2E_ARGS)
 

@@ -33,7 +33,7 @@ Copy bandwidth measured in the same run: 1 GiB device-to-device copy.
 Bytes per cell: each gathered row once per token (1152 B bf16, 656 B fp8) +
 q + out.  Output: attention.json {"copy_tbps", "command", "rows": [...]}.
 
-  python bench/bench_attention.py OUT_DIR [--quick] [--prewarm N] [--extra]
+  python bench/bench_attention.py OUT_DIR [--quick] [--prewarm N] [--extra] [--heads 16,32 --tokens 1,1024]
 env: SMLA_TREE (kernel file), SMLA_TREE_BEFORE (optional), SMLA_FLASHMLA_SO
 """
 from __future__ import annotations
@@ -247,6 +247,8 @@ def extra_args(ap) -> None:
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--extra", action="store_true",
                     help="also time before / flat view / 2x block stride")
+    ap.add_argument("--heads", default=None, help="comma-separated head counts (default: the grid's)")
+    ap.add_argument("--tokens", default=None, help="comma-separated token counts (default: the grid's)")
 
 
 def main() -> None:
@@ -254,6 +256,10 @@ def main() -> None:
     out_dir = args.out_dir
     mod, before = kernel_modules("vllm/v1/attention/ops/triton_sparse_mla.py", "smla_attn")
     heads, tokens = ([8, 32, 64], [1, 1024]) if args.quick else (HEADS, TOKENS)
+    if args.heads:
+        heads = [int(h) for h in args.heads.split(",")]
+    if args.tokens:
+        tokens = [int(t) for t in args.tokens.split(",")]
     if args.worker:
         prewarm_worker(mod, args.worker, heads, tokens, args.sweep)
         return

@@ -86,8 +86,9 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def reduce_wheel(src: Path, dst_dir: Path) -> dict:
-    """Write the reduced wheel (same file name) into dst_dir; return its summary."""
+def reduce_wheel(src: Path, dst_dir: Path, drop=dropped_because) -> dict:
+    """Write the reduced wheel (same file name) into dst_dir; return its summary. `drop(name)`
+    gives the reason a member is left out, or None (default: this bundle's DROP_RULES)."""
     if not src.is_file():
         raise WheelError(f"wheel not found: {src}",
                          hint="make build-wheel, or E2E_WHEEL=/path/to/vllm-*.whl")
@@ -106,7 +107,7 @@ def reduce_wheel(src: Path, dst_dir: Path) -> dict:
                 name = info.filename
                 if name == record_name or name.endswith("/"):
                     continue
-                reason = dropped_because(name)
+                reason = drop(name)
                 if reason:
                     dropped[reason] = dropped.get(reason, 0) + info.file_size
                     continue

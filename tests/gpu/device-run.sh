@@ -39,12 +39,16 @@
 #            and the series' fwd_nope test while the benchmark's attention launches compile, then
 #            bench/bench_glm53.py (NoPE attention vs FlashMLA, pooled logits vs DeepGEMM;
 #            $OUT/glm53.json); the benchmark stops SMLA_GLM53_BUDGET seconds (380) after the phase started
+#   t38-stage, t38  the GPU tests and the attention benchmark under a carried Triton 3.8 (vLLM
+#            0.33.0's; before/after against the image's 3.6), over consecutive warm calls:
+#            tests/gpu/t38-run.sh says what each call carries (bundle: tests/gpu/t38_bundle.py)
 # installed and fp8 pack their logs into $OUT/logs.tar.xz (a call returns at most 8 files).
 # usage (repo root): bash tests/gpu/device-run.sh all|kernels|backend|bench|...|glm53 [pytest args]
 # Results under $OUT: gpu-env.txt, gpu-tests-<phase>.log, gpu-results.jsonl, bench/ (kernels).
 set -euo pipefail
 phase=${1:?usage: device-run.sh kernels|backend [pytest args]}
 shift
+case "$phase" in t38-stage|t38) exec bash tests/gpu/t38-run.sh "$phase" "$@" ;; esac
 out=${OUT:-/tmp/smla-gpu-out}
 work=/tmp/smla-port
 b=.gpu-port
