@@ -35,7 +35,11 @@
 #                     kernel = test_{kernel,fp8_kv}_gpu.py, indexer = test_{indexer,nope}_gpu.py,
 #                     series = kern/'s tests/kernels/attention, kpool = test_kpool_indexer_gpu.py,
 #                     line = kpool/'s tests/kernels (the 0.33.0 line's own)
-#   e.g. SMLA_T38_BENCH=0 SMLA_T38_TESTS="series line" bash tests/gpu/device-run.sh t38  (~1-4 min)
+#   e.g. the series' and the line's tests alone, in two calls (the compiled ops, FlashMLA and DeepGEMM
+#   are not needed by these two groups):
+#     1. t38-stage  carry .t38/manifest.json .t38/pieces/01
+#     2. SMLA_T38_BENCH=0 SMLA_T38_TESTS="series line" bash tests/gpu/device-run.sh t38
+#                   carry .t38/manifest.json .t38/pieces/02 .gpu-port/kern .gpu-port/kpool
 set -euo pipefail
 phase=${1:?usage: t38-run.sh t38-stage|t38}
 shift || true
