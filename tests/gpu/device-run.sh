@@ -38,7 +38,10 @@
 #            kpool files): the NoPE GPU test, the kpool pooled-indexer GPU test (vs DeepGEMM too)
 #            and the series' fwd_nope test while the benchmark's attention launches compile, then
 #            bench/bench_glm53.py (NoPE attention vs FlashMLA, pooled logits vs DeepGEMM;
-#            $OUT/glm53.json); the benchmark stops SMLA_GLM53_BUDGET seconds (380) after the phase started
+#            $OUT/glm53.json); the benchmark stops SMLA_GLM53_BUDGET seconds (380) after the phase started.
+#            A rerun of some of it: SMLA_GLM53_TESTS (default "nope kpool series"; "" none) the test
+#            groups, SMLA_GLM53_BENCH=0 no benchmark (nor its prewarm); e.g. the series' test alone
+#            (under a minute): SMLA_GLM53_BENCH=0 SMLA_GLM53_TESTS=series bash tests/gpu/device-run.sh glm53
 #   t38-stage, t38  the GPU tests and the attention benchmark under a carried Triton 3.8 (vLLM
 #            0.33.0's; before/after against the image's 3.6), over consecutive warm calls:
 #            tests/gpu/t38-run.sh says what each call carries (bundle: tests/gpu/t38_bundle.py)
@@ -304,34 +307,49 @@ case "$phase" in
     export SMLA_TREE=$PWD/$g/kern SMLA_FLASHMLA_SO=$work/_flashmla_C.abi3.so \
       SMLA_DEEPGEMM_DIR=$work/dg CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONUNBUFFERED=1
     budget=${SMLA_GLM53_BUDGET:-380}
-    rc=0
+    bench=${SMLA_GLM53_BENCH:-1}
+    tests=" ${SMLA_GLM53_TESTS-nope kpool series} "
+    [ "${SMLA_SKIP_TESTS:-0}" = 1 ] && tests=" "
+    for t in $tests; do
+      case "$t" in nope|kpool|series) ;; *) echo "SMLA_GLM53_TESTS: unknown group $t" >&2; exit 2 ;; esac
+    done
+    rc=0 pw= tn= tk= logs=()
     # the attention grid's launches compile in 8 processes while the tests run
-    timeout 200 python3 bench/bench_glm53.py "$out" --prewarm 8 --prewarm-only > "$out/prewarm.log" 2>&1 &
-    pw=$!
-    if [ "${SMLA_SKIP_TESTS:-0}" != 1 ]; then
+    if [ "$bench" != 0 ]; then
+      timeout 200 python3 bench/bench_glm53.py "$out" --prewarm 8 --prewarm-only > "$out/prewarm.log" 2>&1 &
+      pw=$!
+    fi
+    if [[ $tests == *" nope "* ]]; then
       SMLA_GPU_RESULTS=$out/nope-gpu-results.jsonl timeout 150 python3 -m pytest \
         tests/gpu/test_nope_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" > "$out/gpu-tests-nope.log" 2>&1 &
-      tn=$!
+      tn=$! logs+=(gpu-tests-nope)
+    fi
+    if [[ $tests == *" kpool "* ]]; then
       SMLA_TREE=$PWD/$g/kpool SMLA_KPOOL_RESULTS=$out/kpool-gpu.jsonl timeout 150 python3 -m pytest \
         tests/gpu/test_kpool_indexer_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
         > "$out/gpu-tests-kpool.log" 2>&1 &
-      tk=$!
-      wait $tn || rc=$?
-      wait $tk || rc=$?
+      tk=$! logs+=(gpu-tests-kpool)
+    fi
+    if [ -n "$tn" ]; then wait $tn || rc=$?; fi
+    if [ -n "$tk" ]; then wait $tk || rc=$?; fi
+    if [[ $tests == *" series "* ]]; then
       PYTHONPATH=$PWD/tests:$PWD/tests/gpu timeout 90 python3 -m pytest -p series_ops_stub \
         -p no:cacheprovider "$g"/kern/tests/kernels/attention/test_triton_sparse_mla.py -k fwd_nope -q -rA \
         > "$out/series-tests-nope.log" 2>&1 || rc=$?
-      for f in gpu-tests-nope gpu-tests-kpool series-tests-nope; do
-        grep -E "^(FAILED|ERROR)" "$out/$f.log" | cut -c1-200 || true
-        echo "$f: $(tail -1 "$out/$f.log")"
-      done
+      logs+=(series-tests-nope)
     fi
-    wait $pw || echo "prewarm exit $?"
-    tail -1 "$out/prewarm.log"
-    left=$(( budget - SECONDS )); [ $left -lt 60 ] && left=60
-    echo "bench_glm53: ${left} s left"
-    timeout $left python3 bench/bench_glm53.py "$out" > "$out/bench-glm53.log" 2>&1 \
-      || echo "bench_glm53 exit $?" | tee -a "$out/bench-glm53.log"
+    for f in "${logs[@]}"; do
+      grep -E "^(FAILED|ERROR)" "$out/$f.log" | cut -c1-200 || true
+      echo "$f: $(tail -1 "$out/$f.log")"
+    done
+    if [ "$bench" != 0 ]; then
+      wait $pw || echo "prewarm exit $?"
+      tail -1 "$out/prewarm.log"
+      left=$(( budget - SECONDS )); [ $left -lt 60 ] && left=60
+      echo "bench_glm53: ${left} s left"
+      timeout $left python3 bench/bench_glm53.py "$out" > "$out/bench-glm53.log" 2>&1 \
+        || echo "bench_glm53 exit $?" | tee -a "$out/bench-glm53.log"
+    fi
     python3 bench/summarize.py "$out" | tee "$out/summary.txt" || true
     tar -C "$out" -cJf /tmp/smla-glm53-logs.tar.xz . && mv /tmp/smla-glm53-logs.tar.xz "$out/logs.tar.xz"
     find "$out" -mindepth 1 -not -name logs.tar.xz -not -name '*.json' -not -name summary.txt \

@@ -5,8 +5,11 @@ tree in SMLA_TREE (tests/gpu/kpool-bundle.sh copies them):
       cache writers and index query (vllm/models/deepseek_v32/common/kernels.py)
   tests/kernels/test_glm5next_kpool_fp8_encode.py      patch 0014: GLM-5.3-Flash's kpool writers
 Stand-ins, all here, for the vLLM modules those files import and no kernel runs:
-  vllm.platforms.current_platform  is_cuda / fp8_dtype / has_device_capability /
-      is_arch_support_pdl, answered as CudaPlatform answers them (torch's device capability)
+  vllm.platforms.current_platform  tests/gpu/platform_stand_in.py: is_cuda / fp8_dtype /
+      has_device_capability / is_arch_support_pdl ..., answered as CudaPlatform answers them
+      (torch's device capability)
+  vllm.models.deepseek_v32.nvidia.ops.fused_q_cutedsl  fused_q asks it on CUDA (the module needs
+      CuTe DSL, not on the machine): is_fused_q_cutedsl_supported False below sm100, as vLLM's
   vllm.utils.deep_gemm.mqa_logits_use_mx_scales  False (MX scales are sm100's)
   vllm.v1.attention.ops.common.pack_ue8m0_x4  only traced with MX scales, never here
   vllm.v1.kv_cache_interface.is_quantized_kv_cache  True for the fp8 cache dtypes
@@ -20,35 +23,29 @@ import sys
 import types
 from pathlib import Path
 
-import torch
-
+from platform_stand_in import provide_platforms
 from sparse_mla_reference import provide_ops_package
 
 TREE = Path(os.environ["SMLA_TREE"])
 PACKAGES = ("vllm.models", "vllm.models.deepseek_v32", "vllm.models.deepseek_v32.common",
+            "vllm.models.deepseek_v32.nvidia", "vllm.models.deepseek_v32.nvidia.ops",
             "vllm.models.glm5next", "vllm.models.glm5next.nvidia", "vllm.models.glm5next.nvidia.ops")
 
 
-class CudaPlatformStandIn:
-    @staticmethod
-    def is_cuda() -> bool:
-        return torch.cuda.is_available()
+CUTEDSL = "vllm.models.deepseek_v32.nvidia.ops.fused_q_cutedsl"
 
-    @staticmethod
-    def fp8_dtype() -> torch.dtype:
-        return torch.float8_e4m3fn
 
-    @staticmethod
-    def has_device_capability(capability) -> bool:
-        if not torch.cuda.is_available():
-            return False
-        major, minor = torch.cuda.get_device_capability()
-        want = capability if isinstance(capability, int) else capability[0] * 10 + capability[1]
-        return major * 10 + minor >= want
+def _fused_q_cutedsl_supported(*args, **kwargs) -> bool:
+    """vLLM's answer below sm100 whatever the tensors (the H200 is sm90): the Triton fused_q runs."""
+    from vllm.platforms import current_platform
 
-    @classmethod
-    def is_arch_support_pdl(cls) -> bool:
-        return cls.has_device_capability(90)
+    if current_platform.has_device_capability(100):
+        raise RuntimeError("the CuTe DSL fused_q is not bundled: its sm100+ check needs it")
+    return False
+
+
+def _fused_q_cutedsl_missing(*args, **kwargs):
+    raise RuntimeError("the CuTe DSL fused_q is not bundled (tests/gpu/line_ops_stub.py)")
 
 
 def _module(name: str, **attrs) -> None:
@@ -65,7 +62,7 @@ def install() -> None:
 
     for name in PACKAGES:  # the tree's files, without its package __init__ files
         _module(name, __path__=[str(TREE.joinpath(*name.split(".")))])
-    _module("vllm.platforms", current_platform=CudaPlatformStandIn())
+    provide_platforms()
     _module("vllm.utils", __path__=[])
     _module("vllm.utils.deep_gemm", mqa_logits_use_mx_scales=lambda: False)
 
@@ -74,6 +71,8 @@ def install() -> None:
         return x.to(tl.int32, bitcast=True)
 
     _module("vllm.v1.attention.ops.common", pack_ue8m0_x4=pack_ue8m0_x4)
+    _module(CUTEDSL, is_fused_q_cutedsl_supported=_fused_q_cutedsl_supported,
+            fused_q_cutedsl=_fused_q_cutedsl_missing)
     _module("vllm.v1.kv_cache_interface",
             is_quantized_kv_cache=lambda dtype: isinstance(dtype, str) and dtype.startswith("fp8"))
 

@@ -29,6 +29,17 @@
 # gpu-tests-t38.txt (each pytest's last lines and failures), attention-3.6.json, attention-3.8.json,
 # logs.tar.xz (everything).
 # SMLA_T38_DRY=1 (CPU, no GPU): staging, assembly and the checks only; no install, tests or benchmark.
+# A rerun of some test groups alone (call 3 on a machine still warm from calls 1-3, or calls 1-3 anew):
+#   SMLA_T38_BENCH=0  no benchmark (nor its prewarm): the tests only
+#   SMLA_T38_TESTS    the test groups to run (default "kernel indexer series kpool line"):
+#                     kernel = test_{kernel,fp8_kv}_gpu.py, indexer = test_{indexer,nope}_gpu.py,
+#                     series = kern/'s tests/kernels/attention, kpool = test_kpool_indexer_gpu.py,
+#                     line = kpool/'s tests/kernels (the 0.33.0 line's own)
+#   e.g. the series' and the line's tests alone, in two calls (the compiled ops, FlashMLA and DeepGEMM
+#   are not needed by these two groups):
+#     1. t38-stage  carry .t38/manifest.json .t38/pieces/01
+#     2. SMLA_T38_BENCH=0 SMLA_T38_TESTS="series line" bash tests/gpu/device-run.sh t38
+#                   carry .t38/manifest.json .t38/pieces/02 .gpu-port/kern .gpu-port/kpool
 set -euo pipefail
 phase=${1:?usage: t38-run.sh t38-stage|t38}
 shift || true
@@ -74,11 +85,18 @@ case "$phase" in
 esac
 
 # ---- t38: assemble, install, check ----
+bench=${SMLA_T38_BENCH:-1}
+groups=" ${SMLA_T38_TESTS:-kernel indexer series kpool line} "
+for g in $groups; do
+  case "$g" in kernel|indexer|series|kpool|line) ;; *) echo "SMLA_T38_TESTS: unknown group $g" >&2; exit 2 ;; esac
+done
+run() { [[ $groups == *" $1 "* ]]; }
 python3 tests/e2e/device_pieces.py assemble --bundle .t38 --store "$store" | tee "$out/assemble.log"
 unpack_port | tee -a "$out/assemble.log"
 whl=$(ls "$store"/payload/triton-3.8.0-*.whl)
 sum=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["payload"]["sha256"])' "$store/manifest.json")
-for d in kern kpool; do
+need=kern; { run kpool || run line; } && need="kern kpool"
+for d in $need; do
   [ -f "$b/$d/vllm/__init__.py" ] || { echo "$b/$d was not carried (tests/gpu/make-bundle.sh, kpool-bundle.sh)" >&2; exit 22; }
 done
 if [ "$dry" = 1 ]; then
@@ -111,33 +129,46 @@ cells=(--heads "$heads" --tokens "$tokens")
 kern=$PWD/$b/kern
 export SMLA_TREE=$kern
 py="python3 -m pytest -m gpu -q -p no:cacheprovider -rA"
+pids=() logs=()
+if run kernel; then
 (SMLA_GPU_RESULTS=$out/gpu-results.jsonl SMLA_FP8_RESULTS=$out/fp8-gpu-results.jsonl \
   t38 timeout 280 $py tests/gpu/test_kernel_gpu.py tests/gpu/test_fp8_kv_gpu.py "$@" \
-  > "$out/tests-kernel-fp8.log" 2>&1) & p1=$!
+  > "$out/tests-kernel-fp8.log" 2>&1) & pids+=($!) logs+=(tests-kernel-fp8)
+fi
+if run indexer; then
 (SMLA_INDEXER_RESULTS=$out/indexer-gpu-results.jsonl SMLA_GPU_RESULTS=$out/nope-gpu-results.jsonl \
   t38 timeout 280 $py tests/gpu/test_indexer_gpu.py tests/gpu/test_nope_gpu.py "$@" \
-  > "$out/tests-indexer-nope.log" 2>&1) & p2=$!
+  > "$out/tests-indexer-nope.log" 2>&1) & pids+=($!) logs+=(tests-indexer-nope)
+fi
+if run series; then
 (PYTHONPATH=$PWD/tests:$PWD/tests/gpu t38 timeout 250 python3 -m pytest -p series_ops_stub \
-  -p no:cacheprovider -q -rA "$b"/kern/tests/kernels/attention/ > "$out/tests-series.log" 2>&1) & p3=$!
-(SMLA_TREE=$PWD/$b/kpool SMLA_KPOOL_RESULTS=$out/kpool-gpu.jsonl t38 timeout 80 \
+  -p no:cacheprovider -q -rA "$b"/kern/tests/kernels/attention/ > "$out/tests-series.log" 2>&1) & pids+=($!) logs+=(tests-series)
+fi
+if run kpool || run line; then
+(if run kpool; then SMLA_TREE=$PWD/$b/kpool SMLA_KPOOL_RESULTS=$out/kpool-gpu.jsonl t38 timeout 80 \
   python3 -m pytest tests/gpu/test_kpool_indexer_gpu.py -q -p no:cacheprovider -rA -s \
-  > "$out/tests-kpool.log" 2>&1 || f=1
- PYTHONPATH=$PWD/tests:$PWD/tests/gpu SMLA_TREE=$PWD/$b/kpool t38 timeout 80 python3 -m pytest \
-  -p line_ops_stub -p no:cacheprovider -q -rA "$b"/kpool/tests/kernels/ > "$out/tests-line-0.33.0.log" 2>&1 || f=1
- exit ${f:-0}) & p5=$!
-(t36 timeout 120 python3 bench/bench_attention.py "$out/bench-3.6" "${cells[@]}" --prewarm 4 --prewarm-only \
+  > "$out/tests-kpool.log" 2>&1 || f=1; fi
+ if run line; then PYTHONPATH=$PWD/tests:$PWD/tests/gpu SMLA_TREE=$PWD/$b/kpool t38 timeout 80 python3 -m pytest \
+  -p line_ops_stub -p no:cacheprovider -q -rA "$b"/kpool/tests/kernels/ > "$out/tests-line-0.33.0.log" 2>&1 || f=1; fi
+ exit ${f:-0}) & pids+=($!)
+ run kpool && logs+=(tests-kpool)
+ run line && logs+=(tests-line-0.33.0)
+fi
+p4=
+[ "$bench" != 0 ] && { (t36 timeout 120 python3 bench/bench_attention.py "$out/bench-3.6" "${cells[@]}" --prewarm 4 --prewarm-only \
   > "$out/prewarm-3.6.log" 2>&1 || true; t38 timeout 150 python3 bench/bench_attention.py "$out/bench-3.8" \
-  "${cells[@]}" --prewarm 4 --prewarm-only > "$out/prewarm-3.8.log" 2>&1) & p4=$!
+  "${cells[@]}" --prewarm 4 --prewarm-only > "$out/prewarm-3.8.log" 2>&1) & p4=$!; }
 rc=0
-for p in $p1 $p2 $p3 $p5; do wait "$p" || rc=1; done
-wait "$p4" || true
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+[ -n "$p4" ] && { wait "$p4" || true; }
 {
-  for f in tests-kernel-fp8 tests-indexer-nope tests-series tests-kpool tests-line-0.33.0; do
+  for f in "${logs[@]}"; do
     echo "== $f"; grep -E "^(FAILED|ERROR)" "$out/$f.log" | cut -c1-220 || true; tail -n 1 "$out/$f.log"
   done
 } | tee "$out/gpu-tests-t38.txt"
 
 # ---- the benchmark: 3.6, then 3.8, alone on the GPU ----
+if [ "$bench" != 0 ]; then
 [ -f "$work/_flashmla_C.abi3.so" ] && export SMLA_FLASHMLA_SO=$work/_flashmla_C.abi3.so
 t36 timeout 110 python3 bench/bench_attention.py "$out/bench-3.6" "${cells[@]}" \
   > "$out/bench-3.6.log" 2>&1 || echo "bench 3.6 exit $?" | tee -a "$out/bench-3.6.log"
@@ -145,6 +176,9 @@ t38 timeout 110 python3 bench/bench_attention.py "$out/bench-3.8" "${cells[@]}" 
   > "$out/bench-3.8.log" 2>&1 || echo "bench 3.8 exit $?" | tee -a "$out/bench-3.8.log"
 python3 bench/compare_triton.py "$out/bench-3.6/attention.json" "$out/bench-3.8/attention.json" \
   | tee "$out/bench-compare.txt" || true
+else
+  echo "SMLA_T38_BENCH=0: no benchmark" > "$out/bench-compare.txt"
+fi
 { cat "$out/gpu-env-t38.txt" "$out/gpu-tests-t38.txt"; echo "== bench (3.8 / 3.6)"; cat "$out/bench-compare.txt"; } \
   > "$out/t38-summary.txt" 2>/dev/null || true
 cp "$out/bench-3.6/attention.json" "$out/attention-3.6.json" 2>/dev/null || true
