@@ -121,3 +121,60 @@ def test_a_file_where_the_cache_directory_belongs(tmp_path, index, monkeypatch):
     # old code: "make <cache> writable", which it already is
     assert "is a file, where a directory belongs" in res.output and "writable" not in res.output
     assert any(c[:2] == ["mv", str(blocker)] for c in hint_commands(res.output))
+
+
+def _committed(root: Path) -> None:
+    """The toolkit checkout as a user has it: a git repository with the line committed."""
+    proc.git(root, "init", "-q")
+    proc.git(root, "add", "-A")
+    proc.git(root, "commit", "-q", "-m", "the line")
+
+
+def _run_git_hints(output: str, root: Path) -> None:
+    for c in hint_commands(output):
+        if c[:1] == ["git"]:
+            subprocess.run(c, cwd=root, check=True, capture_output=True)
+
+
+def test_an_unloadable_patch_hint_restores_that_file_and_no_other(series_project):
+    root, tree, _ = series_project
+    apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)
+    _committed(root)
+    p1, p2 = sorted(patches_dir(root).glob("000[12]-*.patch"))
+    mine = p1.read_bytes().replace(b"Subject: [PATCH] ", b"Subject: [PATCH] My better subject: ", 1)
+    p1.write_bytes(mine)  # a hand edit that loads
+    p2.write_bytes(p2.read_bytes().replace(b"Subject:", b"X-Note: caf\xe9\nSubject:", 1))  # one that does not
+    res = cli(root, tree, "status")
+    assert res.exit_code == 6, res.output
+    # old code: `git checkout -- lines/<release>/patches/`: no such path; with the release filled in,
+    # it restores every patch, the good edit of the other file too
+    assert "<release>" not in res.output
+    _run_git_hints(res.output, root)
+    assert series.load(patches_dir(root))  # loads again
+    assert p1.read_bytes() == mine
+
+
+def test_a_missing_patch_hint_restores_that_file_and_no_other(series_project):
+    root, tree, _ = series_project
+    _committed(root)
+    p1, p2 = sorted(patches_dir(root).glob("000[12]-*.patch"))
+    mine = p1.read_bytes().replace(b"Subject: [PATCH] ", b"Subject: [PATCH] My better subject: ", 1)
+    p1.write_bytes(mine)
+    p2.unlink()
+    res = cli(root, tree, "status")
+    assert res.exit_code == 6 and p2.name in res.output, res.output
+    _run_git_hints(res.output, root)  # old code: `git checkout -- <patches dir>`, the edit of p1 gone
+    assert p2.is_file() and p1.read_bytes() == mine
+
+
+def test_a_broken_pin_line_hint_restores_the_pin(series_project):
+    root, tree, _ = series_project
+    _committed(root)
+    pin = pin_file(root)
+    good = pin.read_bytes()
+    pin.write_bytes(good + b"colour = blue\n")
+    res = cli(root, tree, "status")
+    assert res.exit_code == 3, res.output
+    assert "<release>" not in res.output  # old code: `git checkout -- lines/<release>/vllm-pin.txt`
+    _run_git_hints(res.output, root)
+    assert pin.read_bytes() == good
