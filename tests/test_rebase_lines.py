@@ -115,3 +115,38 @@ def test_a_conflict_stop_still_reports_the_broken_patches_before_it(tmp_path):
     assert data["status"] == "conflict"
     assert [b["name"] for b in data["broken"]] == ["0001-Add-the-backend.patch"]
     assert data["checks"]["selection"] is None  # the series is not complete: not run
+
+
+def test_abort_of_a_new_line_names_what_it_keeps(rebase_world, index):
+    """--abort of a release target keeps what was made during the stop in the new line's patches/ and
+    tree (issue 31 item 8) and says so: not "removed" while they are still there."""
+    world = rebase_world
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, "g" + world["c2"][:9], commit=world["c2"]))])
+    assert smla(world, "--onto", NEW, "--source", str(world["up"])).exit_code == 11
+    line = new_line(world)
+    mine = line["patches"] / "0009-my-new-work.patch"
+    mine.write_text("my new patch, written during the stop\n")
+    notes = line["tree"] / "notes.txt"
+    notes.write_text("my notes\n")
+    res = smla(world, "--abort")
+    assert res.exit_code == 0, res.output
+    assert mine.read_text() == "my new patch, written during the stop\n" and notes.read_text() == "my notes\n"
+    # old code: "the line lines/0.0.2/ it opened and its work tree ... are removed", neither file named
+    assert "are removed" not in res.output
+    assert str(mine) in res.output and "notes.txt" in res.output
+    assert not line["pin"].exists()  # what the rebase copied there goes
+
+
+def test_abort_of_a_new_line_keeping_only_a_patch_removes_the_tree(rebase_world, index):
+    """A file kept in the new line's patches/ does not keep the tree the rebase made (it holds nothing of
+    the user's)."""
+    world = rebase_world
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, "g" + world["c2"][:9], commit=world["c2"]))])
+    assert smla(world, "--onto", NEW, "--source", str(world["up"])).exit_code == 11
+    line = new_line(world)
+    mine = line["patches"] / "0009-my-new-work.patch"
+    mine.write_text("mine\n")
+    res = smla(world, "--abort")
+    assert res.exit_code == 0, res.output
+    assert mine.read_text() == "mine\n" and str(mine) in res.output
+    assert not line["tree"].exists()  # old code: kept, since something (the patch) was kept

@@ -142,8 +142,13 @@ def text(r: RebaseResult) -> str:
     old, new = d["old_base"], d["new_base"]
     if r.status == "aborted":
         if r.line and r.line.get("opened"):
-            return (f"rebase onto {r.target['spec']} aborted: the line lines/{r.line['to']}/ it opened and its "
-                    f"work tree {r.tree} are removed; line {r.line['from']} was never changed\n")
+            if not r.kept:
+                return (f"rebase onto {r.target['spec']} aborted: the line lines/{r.line['to']}/ it opened and its "
+                        f"work tree {r.tree} are removed; line {r.line['from']} was never changed\n")
+            return (f"rebase onto {r.target['spec']} aborted: what it made in the line lines/{r.line['to']}/ and "
+                    f"its work tree {r.tree} is removed, what was made there during the stop is kept (below: "
+                    f"move it where you want it, then remove what is left); line {r.line['from']} was never "
+                    "changed\n" + "".join(f"kept: {k}\n" for k in r.kept))
         return (f"rebase onto {r.target['spec']} aborted: {r.tree} is back at {_label(old, None)} "
                 "with its original branch; pin file and patches/ restored byte for byte\n"
                 + "".join(f"kept: {k}\n" for k in r.kept))
