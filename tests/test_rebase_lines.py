@@ -150,3 +150,18 @@ def test_abort_of_a_new_line_keeping_only_a_patch_removes_the_tree(rebase_world,
     assert res.exit_code == 0, res.output
     assert mine.read_text() == "mine\n" and str(mine) in res.output
     assert not line["tree"].exists()  # old code: kept, since something (the patch) was kept
+
+
+def test_abort_on_the_old_line_names_the_line_the_rebase_is_stopped_on(rebase_world, index):
+    """`make rebase VLLM=0.0.1 ARGS=--abort` after `make rebase VLLM=0.0.1 ONTO=0.0.2`: the stop is on
+    the new line; the old line's --abort/--continue names it instead of "no rebase in progress"."""
+    world = rebase_world
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, "g" + world["c2"][:9], commit=world["c2"]))])
+    assert smla(world, "--onto", NEW, "--source", str(world["up"])).exit_code == 11
+    for flag in ("--abort", "--continue"):
+        res = CliRunner().invoke(main, ["--root", str(world["root"]), "--line", "0.0.1", "rebase", flag])
+        # old code: "no rebase in progress in .../0.0.1/vllm", hint "start one with `smla rebase --onto ...`"
+        assert res.exit_code == 7 and f"--line {NEW} rebase {flag}" in res.output, res.output
+    assert treeinfo.rebase_in_progress(new_line(world)["tree"])  # nothing changed
+    res = CliRunner().invoke(main, ["--root", str(world["root"]), "--line", NEW, "rebase", "--abort"])
+    assert res.exit_code == 0, res.output

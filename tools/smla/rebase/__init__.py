@@ -64,6 +64,8 @@ def run(project: Project, tree: Path | None, *, onto: str | None = None, continu
     if sum(map(bool, (onto, continue_, abort))) != 1:
         raise UsageError("give exactly one of --onto COMMIT|VERSION, --continue, --abort")
     reports = dict(report_dir=report_dir, report_name=report_name)
+    if (abort or continue_) and tree is None:
+        _stopped_on_another_line(project, "--abort" if abort else "--continue")
     try:
         if abort:
             with lock.hold(tree or project.default_tree):
@@ -81,6 +83,23 @@ def run(project: Project, tree: Path | None, *, onto: str | None = None, continu
     written = (write_reports(result, Path(result.report_dir), result.report_name, root=project.root)
                if result.report_dir else [])
     return result, written
+
+
+def _stopped_on_another_line(project: Project, flag: str) -> None:
+    """--continue/--abort on a line whose tree has no stopped rebase, while another line's has one (a
+    release target works in the line it opens; `--line`, $SMLA_LINE or make's VLLM= picked the old
+    one): name that line, instead of "no rebase in progress"."""
+    if treeinfo.rebase_in_progress(project.default_tree):
+        return
+    others = [ln for ln in project.lines() if ln != project.line
+              and treeinfo.rebase_in_progress(project.on(ln).default_tree)]
+    if others:
+        raise TreeStateError(
+            f"no rebase in progress on line {project.line} ({project.default_tree}); the one stopped is on line "
+            + " and ".join(others) + f" ({project.on(others[0]).default_tree})",
+            hint=" or ".join(cmd("smla", "--line", ln, "rebase", flag) for ln in others)
+                 + (f" (make: {cmd('make', 'rebase', f'VLLM={others[0]}', f'ARGS={flag}')})" if len(others) == 1 else ""),
+        )
 
 
 def start(
