@@ -165,3 +165,26 @@ def test_abort_on_the_old_line_names_the_line_the_rebase_is_stopped_on(rebase_wo
     assert treeinfo.rebase_in_progress(new_line(world)["tree"])  # nothing changed
     res = CliRunner().invoke(main, ["--root", str(world["root"]), "--line", NEW, "rebase", "--abort"])
     assert res.exit_code == 0, res.output
+
+
+def test_ctrl_c_while_opening_a_new_line_leaves_no_half_opened_line(rebase_world, index, monkeypatch):
+    """Ctrl-C after lines/0.0.2/ was copied but before the rebase's state was saved: the tree the run
+    made goes, and so must the line (else --continue finds no rebase and a new --onto is refused:
+    "the release line 0.0.2 exists already")."""
+    from smla.rebase import newline
+
+    world = rebase_world
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, "g" + world["c2"][:9], commit=world["c2"]))])
+    real = newline.open_line
+
+    def then_ctrl_c(*args, **kw):
+        real(*args, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(newline, "open_line", then_ctrl_c)
+    assert smla(world, "--onto", NEW, "--source", str(world["up"])).exit_code == 130
+    monkeypatch.setattr(newline, "open_line", real)
+    assert not new_line(world)["pin"].parent.exists()  # old code: lines/0.0.2/ stayed, no rebase state
+    res = CliRunner().invoke(main, ["--root", str(world["root"]), "--line", "0.0.1", "rebase", "--onto", NEW,
+                                    "--source", str(world["up"])])
+    assert res.exit_code == 11, res.output  # the same rebase runs again (old code: exit 2, "exists already")

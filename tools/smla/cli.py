@@ -51,7 +51,7 @@ def _as_smla_error(exc: BaseException) -> SmlaError:
     """What the edge reports for anything that is not an SmlaError yet."""
     if isinstance(exc, KeyboardInterrupt):
         sig = _stopped_by[0]
-        err = Interrupted(f"interrupted ({signal.Signals(sig).name})")
+        err = Interrupted(f"interrupted ({signal.Signals(sig).name})", hint=getattr(exc, "hint", None))
         err.exit_code = 128 + int(sig)
         return err
     if isinstance(exc, OSError):
