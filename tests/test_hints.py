@@ -178,3 +178,22 @@ def test_a_broken_pin_line_hint_restores_the_pin(series_project):
     assert "<release>" not in res.output  # old code: `git checkout -- lines/<release>/vllm-pin.txt`
     _run_git_hints(res.output, root)
     assert pin.read_bytes() == good
+
+
+def test_hints_keep_the_line_the_command_was_given(series_project):
+    """`make export VLLM=<an older line>` runs `smla --line <it> export`: a hint's `smla ...` must stay on
+    that line (a bare `smla` works on $SMLA_LINE, else the newest line)."""
+    root, tree, _ = series_project
+    apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)
+    (tree / "vllm" / "new_module.py").write_text("X = 1\n")
+    line = patches_dir(root).parent.name
+    res = CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "--line", line, "export"])
+    assert res.exit_code == 7, res.output
+    smla_cmds = [c for c in hint_commands(res.output) if c[:1] == ["smla"]] or [
+        c for c in hint_commands(CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "--line", line,
+                                                           "status", "--check"]).output) if c[:1] == ["smla"]]
+    assert smla_cmds
+    for c in smla_cmds:  # old code: `smla export`, `smla apply`: the newest line's
+        assert c[1:3] == ["--line", line], c
+    plain = CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "status", "--check"])
+    assert "--line" not in plain.output  # no --line given: none added
