@@ -197,3 +197,16 @@ def test_hints_keep_the_line_the_command_was_given(series_project):
         assert c[1:3] == ["--line", line], c
     plain = CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "status", "--check"])
     assert "--line" not in plain.output  # no --line given: none added
+
+
+def test_a_file_where_the_work_tree_belongs(series_project):
+    root, _, _ = series_project
+    tree = root / "work" / patches_dir(root).parent.name / "vllm"  # the line's default tree
+    tree.parent.mkdir(parents=True)
+    tree.write_text("not a directory\n")
+    res = CliRunner().invoke(main, ["--root", str(root), "patch"])
+    assert res.exit_code == 7, res.output
+    mv = next(c for c in hint_commands(res.output) if c[:1] == ["mv"])  # old code: only "pass another --tree"
+    subprocess.run(mv, check=True)
+    assert CliRunner().invoke(main, ["--root", str(root), "patch"]).exit_code == 0
+    assert tree.with_name("vllm.old").read_text() == "not a directory\n"
