@@ -188,3 +188,29 @@ def test_ctrl_c_while_opening_a_new_line_leaves_no_half_opened_line(rebase_world
     res = CliRunner().invoke(main, ["--root", str(world["root"]), "--line", "0.0.1", "rebase", "--onto", NEW,
                                     "--source", str(world["up"])])
     assert res.exit_code == 11, res.output  # the same rebase runs again (old code: exit 2, "exists already")
+
+
+def test_printed_undo_of_a_finished_new_line_rebase_works(rebase_world, index, monkeypatch):
+    """Issue 31 item 9 for a release target: the undo a finished rebase prints removes the line and
+    tree it opened; followed in the checkout, the old line is as before and the newest line again."""
+    import shlex
+    import subprocess
+
+    world = rebase_world
+    before = snapshot_line(world)
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, "g" + world["c1"][:9]))])
+    res = smla(world, "--onto", NEW, "--source", str(world["up"]), "--json")
+    assert res.exit_code == 0, res.output
+    undo = json.loads(res.stdout)["undo"]
+    assert undo
+    monkeypatch.chdir(world["root"])
+    for c in undo:
+        words = shlex.split(c)
+        if words[0] == "smla":
+            out = CliRunner().invoke(main, words[1:])
+            assert out.exit_code == 0, (c, out.output)
+        else:
+            subprocess.run(words, check=True, capture_output=True)
+    assert not new_line(world)["pin"].parent.exists() and not new_line(world)["tree"].exists()
+    assert snapshot_line(world) == before
+    assert CliRunner().invoke(main, ["status", "--check"]).exit_code == 0  # 0.0.1, the newest line again
