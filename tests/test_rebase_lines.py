@@ -214,3 +214,17 @@ def test_printed_undo_of_a_finished_new_line_rebase_works(rebase_world, index, m
     assert not new_line(world)["pin"].parent.exists() and not new_line(world)["tree"].exists()
     assert snapshot_line(world) == before
     assert CliRunner().invoke(main, ["status", "--check"]).exit_code == 0  # 0.0.1, the newest line again
+
+
+def test_a_new_line_stop_hint_names_that_line(rebase_world, index):
+    """`make rebase VLLM=0.0.1 ONTO=0.0.2` runs `smla --line 0.0.1 rebase --onto 0.0.2`: the stop's hint
+    must send --continue/--abort to line 0.0.2, where the rebase is, not to the line given."""
+    world = rebase_world
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, "g" + world["c2"][:9], commit=world["c2"]))])
+    res = CliRunner().invoke(main, ["--root", str(world["root"]), "--line", "0.0.1", "rebase", "--onto", NEW,
+                                    "--source", str(world["up"])])
+    assert res.exit_code == 11, res.output
+    hint = res.output.split("hint:", 1)[1]
+    # old code (with hints on the given line): `smla --line 0.0.1 rebase --continue`
+    assert f"`smla --line {NEW} rebase --continue`" in hint and f"`smla --line {NEW} rebase --abort`" in hint
+    assert "--line 0.0.1" not in hint

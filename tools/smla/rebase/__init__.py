@@ -248,7 +248,8 @@ def continue_(project: Project, tree: Path, *, run_tests: bool = True, report_di
     if state_mod.am_in_progress(tree):
         unmerged = state_mod.unmerged(tree)
         if unmerged:
-            raise RebaseConflict(f"still unresolved in {tree}: {', '.join(unmerged)}", hint=resolve_hint(tree))
+            raise RebaseConflict(f"still unresolved in {tree}: {', '.join(unmerged)}",
+                                 hint=resolve_hint(tree, state.get("line")))
         done = proc.git(tree, "am", "--continue", check=False)
         if done.returncode != 0:
             skip = cmd("git", "-C", tree, "am", "--skip")
