@@ -35,7 +35,7 @@ help:
 	@echo "make patch        fetch the line's pinned vLLM and apply lines/<release>/patches (tree: work/<release>/vllm)"
 	@echo "make test         CPU test suite, complete: toolkit once, the line tests on every line (VLLM=x: that line)"
 	@echo "make lines        the release lines, their pins and trees; whether their added files agree (lines/DIVERGENCE)"
-	@echo "make test-fast    the toolkit's tests alone, ~45 s of CPU: no vLLM tree, kernels or compile matrix"
+	@echo "make test-fast    the toolkit's tests alone, ~1.5-2 min of CPU (2-3.5 min wall on a shared 2-core machine): no vLLM tree, kernels or compile matrix"
 	@echo "make docs         rewrite the docs' transcripts and generated tables from real output"
 	@echo "make test-gpu     GPU tests on your CUDA machine: the wheel (WHEEL=path or dist/) in .venv-gpu, pytest -m gpu"
 	@echo "make status       where the work tree stands"

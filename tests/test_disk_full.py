@@ -47,11 +47,12 @@ def test_disk_full_while_unpacking_blames_the_disk_not_the_cached_sdist(tmp_path
 
 
 FAKE_GIT = """#!/bin/sh
-# git, except that checking out a scratch worktree fails as on a full disk
+# git, except that checking out a scratch worktree fails as on a full disk (or, with {what}=create,
+# as in a directory it may not write: git names the cause then)
 case "$*" in
   *"worktree add"*)
     i=0
-    while [ $i -lt 3000 ]; do echo "error: unable to write file vllm/file$i.py" >&2; i=$((i+1)); done
+    while [ $i -lt 3000 ]; do echo "error: unable to {what} file vllm/file$i.py{why}" >&2; i=$((i+1)); done
     echo "fatal: {last}" >&2
     exit 128 ;;
 esac
@@ -59,16 +60,22 @@ exec {git} "$@"
 """
 
 
+def fake_git(bindir: Path, last: str, what: str = "write", why: str = "") -> None:
+    fake = bindir / "git"
+    fake.write_text(FAKE_GIT.format(git=shutil.which("git"), last=last, what=what, why=why))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+
+
 @pytest.mark.parametrize("last, free", [("Could not reset index file to revision 'HEAD'.", 0),
-                                        ("cannot write: No space left on device", 10 << 30)])
+                                        ("cannot write: No space left on device", 10 << 30),
+                                        # git removed the partial worktree: the disk has room again
+                                        ("Could not reset index file to revision 'HEAD'.", 95 << 20)])
 def test_disk_full_while_applying_says_so_in_a_few_lines(series_project, tmp_path, monkeypatch, last, free):
     root, tree, _ = series_project
     head = proc.git_out(tree, "rev-parse", "HEAD")
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    fake = bindir / "git"
-    fake.write_text(FAKE_GIT.format(git=shutil.which("git"), last=last))
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    fake_git(bindir, last)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(100 << 30, (100 << 30) - free, free))
@@ -83,13 +90,11 @@ def test_disk_full_while_applying_says_so_in_a_few_lines(series_project, tmp_pat
     assert not [p for p in tree.parent.iterdir() if p.name.startswith(".smla-")]
 
 
-def test_a_failed_write_with_free_space_is_not_called_a_full_disk(series_project, tmp_path, monkeypatch):
+def test_a_file_git_may_not_create_is_not_called_a_full_disk(series_project, tmp_path, monkeypatch):
     root, tree, _ = series_project
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    fake = bindir / "git"
-    fake.write_text(FAKE_GIT.format(git=shutil.which("git"), last="Could not reset index file"))
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    fake_git(bindir, "Could not reset index file", what="create", why=": Permission denied")
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     res = cli(root, tree, "apply")
     assert res.exit_code == 15 and "could not write" in res.output and "no space" not in res.output

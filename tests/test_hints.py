@@ -121,3 +121,92 @@ def test_a_file_where_the_cache_directory_belongs(tmp_path, index, monkeypatch):
     # old code: "make <cache> writable", which it already is
     assert "is a file, where a directory belongs" in res.output and "writable" not in res.output
     assert any(c[:2] == ["mv", str(blocker)] for c in hint_commands(res.output))
+
+
+def _committed(root: Path) -> None:
+    """The toolkit checkout as a user has it: a git repository with the line committed."""
+    proc.git(root, "init", "-q")
+    proc.git(root, "add", "-A")
+    proc.git(root, "commit", "-q", "-m", "the line")
+
+
+def _run_git_hints(output: str, root: Path) -> None:
+    for c in hint_commands(output):
+        if c[:1] == ["git"]:
+            subprocess.run(c, cwd=root, check=True, capture_output=True)
+
+
+def test_an_unloadable_patch_hint_restores_that_file_and_no_other(series_project):
+    root, tree, _ = series_project
+    apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)
+    _committed(root)
+    p1, p2 = sorted(patches_dir(root).glob("000[12]-*.patch"))
+    mine = p1.read_bytes().replace(b"Subject: [PATCH] ", b"Subject: [PATCH] My better subject: ", 1)
+    p1.write_bytes(mine)  # a hand edit that loads
+    p2.write_bytes(p2.read_bytes().replace(b"Subject:", b"X-Note: caf\xe9\nSubject:", 1))  # one that does not
+    res = cli(root, tree, "status")
+    assert res.exit_code == 6, res.output
+    # old code: `git checkout -- lines/<release>/patches/`: no such path; with the release filled in,
+    # it restores every patch, the good edit of the other file too
+    assert "<release>" not in res.output
+    _run_git_hints(res.output, root)
+    assert series.load(patches_dir(root))  # loads again
+    assert p1.read_bytes() == mine
+
+
+def test_a_missing_patch_hint_restores_that_file_and_no_other(series_project):
+    root, tree, _ = series_project
+    _committed(root)
+    p1, p2 = sorted(patches_dir(root).glob("000[12]-*.patch"))
+    mine = p1.read_bytes().replace(b"Subject: [PATCH] ", b"Subject: [PATCH] My better subject: ", 1)
+    p1.write_bytes(mine)
+    p2.unlink()
+    res = cli(root, tree, "status")
+    assert res.exit_code == 6 and p2.name in res.output, res.output
+    _run_git_hints(res.output, root)  # old code: `git checkout -- <patches dir>`, the edit of p1 gone
+    assert p2.is_file() and p1.read_bytes() == mine
+
+
+def test_a_broken_pin_line_hint_restores_the_pin(series_project):
+    root, tree, _ = series_project
+    _committed(root)
+    pin = pin_file(root)
+    good = pin.read_bytes()
+    pin.write_bytes(good + b"colour = blue\n")
+    res = cli(root, tree, "status")
+    assert res.exit_code == 3, res.output
+    assert "<release>" not in res.output  # old code: `git checkout -- lines/<release>/vllm-pin.txt`
+    _run_git_hints(res.output, root)
+    assert pin.read_bytes() == good
+
+
+def test_hints_keep_the_line_the_command_was_given(series_project):
+    """`make export VLLM=<an older line>` runs `smla --line <it> export`: a hint's `smla ...` must stay on
+    that line (a bare `smla` works on $SMLA_LINE, else the newest line)."""
+    root, tree, _ = series_project
+    apply_mod.apply_series(series.load(patches_dir(root)), tree, **quiet)
+    (tree / "vllm" / "new_module.py").write_text("X = 1\n")
+    line = patches_dir(root).parent.name
+    res = CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "--line", line, "export"])
+    assert res.exit_code == 7, res.output
+    smla_cmds = [c for c in hint_commands(res.output) if c[:1] == ["smla"]] or [
+        c for c in hint_commands(CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "--line", line,
+                                                           "status", "--check"]).output) if c[:1] == ["smla"]]
+    assert smla_cmds
+    for c in smla_cmds:  # old code: `smla export`, `smla apply`: the newest line's
+        assert c[1:3] == ["--line", line], c
+    plain = CliRunner().invoke(main, ["--root", str(root), "--tree", str(tree), "status", "--check"])
+    assert "--line" not in plain.output  # no --line given: none added
+
+
+def test_a_file_where_the_work_tree_belongs(series_project):
+    root, _, _ = series_project
+    tree = root / "work" / patches_dir(root).parent.name / "vllm"  # the line's default tree
+    tree.parent.mkdir(parents=True)
+    tree.write_text("not a directory\n")
+    res = CliRunner().invoke(main, ["--root", str(root), "patch"])
+    assert res.exit_code == 7, res.output
+    mv = next(c for c in hint_commands(res.output) if c[:1] == ["mv"])  # old code: only "pass another --tree"
+    subprocess.run(mv, check=True)
+    assert CliRunner().invoke(main, ["--root", str(root), "patch"]).exit_code == 0
+    assert tree.with_name("vllm.old").read_text() == "not a directory\n"

@@ -149,6 +149,25 @@ def test_unlisted_patch_is_named_and_never_deleted(series_project):
     assert run("status", "--check", *args).exit_code == 0
 
 
+@pytest.mark.parametrize("source", ["0001", "0003"])
+def test_an_unlisted_copy_of_a_listed_patch_is_never_deleted(series_project, source):
+    """A file the series does not list is never deleted, even when its bytes are those of a patch smla
+    wrote (a copy made to start a new patch from): its name and place are the user's."""
+    root, tree = applied(series_project)
+    original = sorted(patches_dir(root).glob(f"{source}-*.patch"))[0]
+    copy = patches_dir(root) / "0009-my-copy.patch"
+    copy.write_bytes(original.read_bytes())
+    args = ("--root", str(root), "--tree", str(tree))
+    for extra in ((), ("--force",), ("--prune",), ("--force", "--prune")):
+        res = run("export", *args, *extra)
+        # old code: exit 0, "removed 0009-my-copy.patch" (its bytes matched a patch smla wrote)
+        assert res.exit_code == ExportError.exit_code, (extra, res.output)
+        assert copy.read_bytes() == original.read_bytes()
+        assert copy.name in res.output
+    copy.unlink()  # the hint's way: move it out of patches/
+    assert run("export", *args).exit_code == 0
+
+
 # ----------------------------------------------------------------- 3. hand edits that do not parse
 
 

@@ -181,3 +181,23 @@ def test_a_killed_gits_index_lock_is_named_with_the_command_that_removes_it(reba
     assert rm[0] == "rm"
     Path(rm[1]).unlink()
     finished_like_a_clean_rebase(world, smla(world, "--continue", "--json"))
+
+
+def test_an_interrupted_rebase_hints_continue_not_run_again(rebase_world, monkeypatch):
+    """Ctrl-C mid-replay: the hint is the rebase's way on (`--continue`, `--abort`), not the generic
+    "run the command again" (a new --onto is refused while the interrupted one is there)."""
+    world = rebase_world
+    real = replay.replay_one
+
+    def then_ctrl_c(tree, patch, out):
+        real(tree, patch, out)
+        if out.subject.startswith("Patch b"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(replay, "replay_one", then_ctrl_c)
+    res = smla(world, "--onto", world["c1"], "--source", str(world["up"]))
+    assert res.exit_code == 130, res.output
+    hint = res.output.split("hint:", 1)[1]
+    # old code: "run the command again: apply and fetch change the work tree only when complete, ..."
+    assert "smla rebase --continue" in hint and "smla rebase --abort" in hint, res.output
+    assert "run the command again" not in hint

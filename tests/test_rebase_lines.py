@@ -115,3 +115,116 @@ def test_a_conflict_stop_still_reports_the_broken_patches_before_it(tmp_path):
     assert data["status"] == "conflict"
     assert [b["name"] for b in data["broken"]] == ["0001-Add-the-backend.patch"]
     assert data["checks"]["selection"] is None  # the series is not complete: not run
+
+
+def test_abort_of_a_new_line_names_what_it_keeps(rebase_world, index):
+    """--abort of a release target keeps what was made during the stop in the new line's patches/ and
+    tree (issue 31 item 8) and says so: not "removed" while they are still there."""
+    world = rebase_world
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, "g" + world["c2"][:9], commit=world["c2"]))])
+    assert smla(world, "--onto", NEW, "--source", str(world["up"])).exit_code == 11
+    line = new_line(world)
+    mine = line["patches"] / "0009-my-new-work.patch"
+    mine.write_text("my new patch, written during the stop\n")
+    notes = line["tree"] / "notes.txt"
+    notes.write_text("my notes\n")
+    res = smla(world, "--abort")
+    assert res.exit_code == 0, res.output
+    assert mine.read_text() == "my new patch, written during the stop\n" and notes.read_text() == "my notes\n"
+    # old code: "the line lines/0.0.2/ it opened and its work tree ... are removed", neither file named
+    assert "are removed" not in res.output
+    assert str(mine) in res.output and "notes.txt" in res.output
+    assert not line["pin"].exists()  # what the rebase copied there goes
+
+
+def test_abort_of_a_new_line_keeping_only_a_patch_removes_the_tree(rebase_world, index):
+    """A file kept in the new line's patches/ does not keep the tree the rebase made (it holds nothing of
+    the user's)."""
+    world = rebase_world
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, "g" + world["c2"][:9], commit=world["c2"]))])
+    assert smla(world, "--onto", NEW, "--source", str(world["up"])).exit_code == 11
+    line = new_line(world)
+    mine = line["patches"] / "0009-my-new-work.patch"
+    mine.write_text("mine\n")
+    res = smla(world, "--abort")
+    assert res.exit_code == 0, res.output
+    assert mine.read_text() == "mine\n" and str(mine) in res.output
+    assert not line["tree"].exists()  # old code: kept, since something (the patch) was kept
+
+
+def test_abort_on_the_old_line_names_the_line_the_rebase_is_stopped_on(rebase_world, index):
+    """`make rebase VLLM=0.0.1 ARGS=--abort` after `make rebase VLLM=0.0.1 ONTO=0.0.2`: the stop is on
+    the new line; the old line's --abort/--continue names it instead of "no rebase in progress"."""
+    world = rebase_world
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, "g" + world["c2"][:9], commit=world["c2"]))])
+    assert smla(world, "--onto", NEW, "--source", str(world["up"])).exit_code == 11
+    for flag in ("--abort", "--continue"):
+        res = CliRunner().invoke(main, ["--root", str(world["root"]), "--line", "0.0.1", "rebase", flag])
+        # old code: "no rebase in progress in .../0.0.1/vllm", hint "start one with `smla rebase --onto ...`"
+        assert res.exit_code == 7 and f"--line {NEW} rebase {flag}" in res.output, res.output
+    assert treeinfo.rebase_in_progress(new_line(world)["tree"])  # nothing changed
+    res = CliRunner().invoke(main, ["--root", str(world["root"]), "--line", NEW, "rebase", "--abort"])
+    assert res.exit_code == 0, res.output
+
+
+def test_ctrl_c_while_opening_a_new_line_leaves_no_half_opened_line(rebase_world, index, monkeypatch):
+    """Ctrl-C after lines/0.0.2/ was copied but before the rebase's state was saved: the tree the run
+    made goes, and so must the line (else --continue finds no rebase and a new --onto is refused:
+    "the release line 0.0.2 exists already")."""
+    from smla.rebase import newline
+
+    world = rebase_world
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, "g" + world["c2"][:9], commit=world["c2"]))])
+    real = newline.open_line
+
+    def then_ctrl_c(*args, **kw):
+        real(*args, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(newline, "open_line", then_ctrl_c)
+    assert smla(world, "--onto", NEW, "--source", str(world["up"])).exit_code == 130
+    monkeypatch.setattr(newline, "open_line", real)
+    assert not new_line(world)["pin"].parent.exists()  # old code: lines/0.0.2/ stayed, no rebase state
+    res = CliRunner().invoke(main, ["--root", str(world["root"]), "--line", "0.0.1", "rebase", "--onto", NEW,
+                                    "--source", str(world["up"])])
+    assert res.exit_code == 11, res.output  # the same rebase runs again (old code: exit 2, "exists already")
+
+
+def test_printed_undo_of_a_finished_new_line_rebase_works(rebase_world, index, monkeypatch):
+    """Issue 31 item 9 for a release target: the undo a finished rebase prints removes the line and
+    tree it opened; followed in the checkout, the old line is as before and the newest line again."""
+    import shlex
+    import subprocess
+
+    world = rebase_world
+    before = snapshot_line(world)
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, "g" + world["c1"][:9]))])
+    res = smla(world, "--onto", NEW, "--source", str(world["up"]), "--json")
+    assert res.exit_code == 0, res.output
+    undo = json.loads(res.stdout)["undo"]
+    assert undo
+    monkeypatch.chdir(world["root"])
+    for c in undo:
+        words = shlex.split(c)
+        if words[0] == "smla":
+            out = CliRunner().invoke(main, words[1:])
+            assert out.exit_code == 0, (c, out.output)
+        else:
+            subprocess.run(words, check=True, capture_output=True)
+    assert not new_line(world)["pin"].parent.exists() and not new_line(world)["tree"].exists()
+    assert snapshot_line(world) == before
+    assert CliRunner().invoke(main, ["status", "--check"]).exit_code == 0  # 0.0.1, the newest line again
+
+
+def test_a_new_line_stop_hint_names_that_line(rebase_world, index):
+    """`make rebase VLLM=0.0.1 ONTO=0.0.2` runs `smla --line 0.0.1 rebase --onto 0.0.2`: the stop's hint
+    must send --continue/--abort to line 0.0.2, where the rebase is, not to the line given."""
+    world = rebase_world
+    index.publish("vllm", [("vllm-0.0.2.tar.gz", _fake_sdist(world, "g" + world["c2"][:9], commit=world["c2"]))])
+    res = CliRunner().invoke(main, ["--root", str(world["root"]), "--line", "0.0.1", "rebase", "--onto", NEW,
+                                    "--source", str(world["up"])])
+    assert res.exit_code == 11, res.output
+    hint = res.output.split("hint:", 1)[1]
+    # old code (with hints on the given line): `smla --line 0.0.1 rebase --continue`
+    assert f"`smla --line {NEW} rebase --continue`" in hint and f"`smla --line {NEW} rebase --abort`" in hint
+    assert "--line 0.0.1" not in hint

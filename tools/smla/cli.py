@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import re
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -38,6 +40,7 @@ def _on_sigterm(signum, _frame):
 
 
 def _emit(exc: SmlaError, as_json: bool) -> None:
+    exc.hint = _on_the_given_line(exc.hint)
     if as_json:
         if not getattr(exc, "reported", False):
             click.echo(report.to_json(exc.to_dict()), nl=False)
@@ -47,11 +50,21 @@ def _emit(exc: SmlaError, as_json: bool) -> None:
         click.echo(f"hint: {exc.hint}", err=True)
 
 
+def _on_the_given_line(hint: str | None) -> str | None:
+    """A hint's `smla ...` commands on the line `--line` picked (make passes it; a bare `smla` works on
+    $SMLA_LINE, else the newest line): `smla --line X ...`, unless the command names a line itself."""
+    ctx = click.get_current_context(silent=True)
+    c = ctx.find_object(Ctx) if ctx is not None else None
+    if not hint or c is None or not c.given_line:
+        return hint
+    return re.sub(r"`smla (?!--line )", lambda _: f"`smla --line {shlex.quote(c.given_line)} ", hint)
+
+
 def _as_smla_error(exc: BaseException) -> SmlaError:
     """What the edge reports for anything that is not an SmlaError yet."""
     if isinstance(exc, KeyboardInterrupt):
         sig = _stopped_by[0]
-        err = Interrupted(f"interrupted ({signal.Signals(sig).name})")
+        err = Interrupted(f"interrupted ({signal.Signals(sig).name})", hint=getattr(exc, "hint", None))
         err.exit_code = 128 + int(sig)
         return err
     if isinstance(exc, OSError):
@@ -223,6 +236,7 @@ def status(c: Ctx, as_json, check):
     """
     s = _series(c, allow_empty=True)
     data = status_mod.status(c.project.pin(), c.tree, s)
+    data["hint"] = _on_the_given_line(data.get("hint"))
     click.echo(report.to_json(data) if as_json else status_mod.text(data), nl=False)
     if check:
         status_mod.check(data)

@@ -26,6 +26,11 @@ class Ctx:
         return Project.discover(self._root, self._line)
 
     @property
+    def given_line(self) -> str | None:
+        """The line `--line` named (None: $SMLA_LINE or the newest, as for a bare `smla`)."""
+        return self._line
+
+    @property
     def explicit_tree(self) -> Path | None:
         return self._tree.absolute() if self._tree else None
 

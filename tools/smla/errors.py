@@ -50,7 +50,8 @@ class PinError(SmlaError):
     """vllm-pin.txt is missing or invalid."""
 
     exit_code = 3
-    default_hint = "fix that line of vllm-pin.txt (its header lists the keys), or restore the committed pin with `git checkout -- lines/<release>/vllm-pin.txt`"
+    default_hint = ("fix the pin file named above (its header lists the keys), or restore the committed one: "
+                    "`git checkout -- <that file>` in the toolkit checkout")
 
 
 class FetchError(SmlaError):
@@ -71,8 +72,8 @@ class SeriesError(SmlaError):
     """patches/ or a patch file is malformed or unsafe."""
 
     exit_code = 6
-    default_hint = ("fix the patch file named above, restore the line's patches/ with `git checkout -- lines/<release>/patches/`, "
-                    "or overwrite it with the work tree's commit: `smla export --force` (plain `smla export` keeps a hand edit)")
+    default_hint = ("fix the file named above, or restore the committed one: `git checkout -- <that file>` in the "
+                    "toolkit checkout (not the whole patches/: it would undo your other edits)")
 
 
 class LinesDiverge(SeriesError):

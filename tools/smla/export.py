@@ -160,7 +160,11 @@ def _check_only_own_files(tree: Path, patches_dir: Path, rendered: dict[str, byt
         listed = read_series_file(patches_dir)
     except SeriesError:
         listed = []
-    bad = keep.unknown(patches_dir, plan, own)
+    # A file neither the series lists nor the tree's commits make is deleted only when it holds what
+    # smla recorded under that name: a copy of a patch under a name of the user's is the user's.
+    recorded = {e["name"]: {e["sha256"]} for e in rec["patches"]} if rec else {}
+    known_at = {n: recorded.get(n, set()) for n, new in plan.items() if new is None and n not in listed}
+    bad = keep.unknown(patches_dir, plan, own, known_at)
     theirs = [n for n in bad if n not in listed]
     if theirs:
         hint = (f"list {', '.join(theirs)} in {patches_dir}/series and run {cmd('smla', 'apply')}, or move "
@@ -172,7 +176,7 @@ def _check_only_own_files(tree: Path, patches_dir: Path, rendered: dict[str, byt
                 f"{cmd('smla', 'apply')}; to restore the committed {'file' if len(bad) == 1 else 'files'}, "
                 f"{cmd('git', '-C', patches_dir, 'checkout', '--', *bad)}; to overwrite {them} with the tree's "
                 f"commits, {cmd('smla', 'export', '--force')}")
-    keep.refuse_unknown(patches_dir, plan, own, forced=listed if force else (), what="export",
+    keep.refuse_unknown(patches_dir, plan, own, known_at=known_at, forced=listed if force else (), what="export",
                         error=ExportError, hint=hint)
 
 

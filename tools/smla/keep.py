@@ -10,7 +10,9 @@ It is enforced here, once, for the three commands that remove or rewrite what a 
   unknown(directory, plan, known) the files a plan (name -> new bytes, or None: delete) would change
                                   whose present bytes are neither the planned ones nor `known` (sha256
                                   of what the command wrote or can restore: the tree's record and
-                                  commits for `export`, the backup for `rebase --abort`)
+                                  commits for `export`, the backup for `rebase --abort`); `known_at`
+                                  narrows that for some names to what was written under that name
+                                  (a copy of a patch under a name of the user's is the user's)
   refuse_unknown(...)             raise for them unless each is named in `forced` (`export`)
   move_aside(path)                keep a file under a new name that no command reads as its own
                                   (`rebase --abort` keeps what was made during the stop this way)
@@ -69,26 +71,29 @@ def require_work_tree(root: Path, tree: Path) -> None:
 # ----------------------------------------------------------------- files
 
 
-def unknown(directory: Path, plan: Mapping[str, bytes | None], known: Collection[str]) -> list[str]:
+def unknown(directory: Path, plan: Mapping[str, bytes | None], known: Collection[str],
+            known_at: Mapping[str, Collection[str]] | None = None) -> list[str]:
     """Names in `plan` whose file in `directory` exists and would change (new bytes, or None: removed)
-    although its bytes are neither the planned ones nor among `known` (sha256)."""
+    although its bytes are neither the planned ones nor among `known` (sha256), or, for a name in
+    `known_at`, among `known_at[name]` (what smla wrote under that very name)."""
     out = []
     for name, new in sorted(plan.items()):
         path = directory / name
         if not path.is_file():
             continue
         data = path.read_bytes()
-        if data == new or sha256(data) in known:
+        if data == new or sha256(data) in (known if known_at is None or name not in known_at else known_at[name]):
             continue
         out.append(name)
     return out
 
 
 def refuse_unknown(directory: Path, plan: Mapping[str, bytes | None], known: Collection[str], *,
-                   forced: Collection[str] = (), what: str, error: type[SmlaError], hint: str) -> None:
+                   known_at: Mapping[str, Collection[str]] | None = None, forced: Collection[str] = (),
+                   what: str, error: type[SmlaError], hint: str) -> None:
     """Raise `error` when `plan` would change a file of `directory` that is not known, unless the
     user forced and that file is among `forced` (names the user put there, e.g. patches/series)."""
-    bad = [n for n in unknown(directory, plan, known) if n not in forced]
+    bad = [n for n in unknown(directory, plan, known, known_at) if n not in forced]
     if not bad:
         return
     removed = [n for n in bad if plan[n] is None]

@@ -19,6 +19,10 @@ from smla.fsutil import file_in_the_way
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _NAMED = ("No space left on device", "Disk quota exceeded")
 _WRITE_FAILED = re.compile(r"unable to (?:write|create)(?: new)? file|short write|could not write", re.I)
+# git's checkout: a file it could not create names the cause (`unable to create file X: Permission
+# denied`); one it created but could not write does not (`unable to write file X`): a write that fails
+# once the file exists is a full disk or quota (ENOSPC / EDQUOT) in practice.
+_WRITE_NO_CAUSE = re.compile(r"unable to write file", re.I)
 LOW_SPACE = 16 << 20  # below this much free space a failed write is taken for a full disk
 
 
@@ -59,6 +63,9 @@ def from_output(program: str, text: str, where: Path) -> FilesystemError | None:
     free = free_bytes(where)
     if named or (free is not None and free < LOW_SPACE):
         return no_space(where, f"{program} failed ({count})")
+    if any(_WRITE_NO_CAUSE.search(w) for w in writes):  # git removed what it wrote: df shows room again
+        now = f"; {free >> 20} MiB are free again now that git removed what it had written" if free is not None else ""
+        return no_space(where, f"{program} failed ({count}{now}: the checkout needs more than that)")
     return FilesystemError(
         f"{program} could not write under {Path(where).absolute()} ({count})",
         hint=f"check the permissions and free space there (`df -h '{Path(where).absolute()}'`), then run "

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from smla import ids
-from smla.errors import PinError
+from smla.errors import PinError, cmd
 from smla.fsutil import atomic_write_text, content_lines
 
 KEYS = ("repo", "commit", "version", "sdist", "sdist_sha256")
@@ -133,19 +133,27 @@ def load(path: Path) -> Pin:
                             f"`git checkout -- {path}` restores a deleted pin")
     values: dict[str, str] = {}
     where: dict[str, int] = {}
-    for lineno, line in content_lines(path, PinError):
+    hint = (f"fix that line of {path} (its header lists the keys), or restore the committed pin with "
+            f"{cmd('git', '-C', path.parent, 'checkout', '--', path.name)}")
+    try:
+        lines = content_lines(path, PinError)
+    except PinError as exc:
+        exc.hint = hint
+        raise
+    for lineno, line in lines:
         if "=" not in line:
-            raise PinError(f"{path}:{lineno}: expected 'key = value', got {line!r}")
+            raise PinError(f"{path}:{lineno}: expected 'key = value', got {line!r}", hint=hint)
         key, value = (part.strip() for part in line.split("=", 1))
         if key not in KEYS and key not in OPTIONAL_KEYS:
-            raise PinError(f"{path}:{lineno}: unknown key {key!r} (known: {', '.join((*KEYS, *OPTIONAL_KEYS))})")
+            raise PinError(f"{path}:{lineno}: unknown key {key!r} (known: {', '.join((*KEYS, *OPTIONAL_KEYS))})",
+                           hint=hint)
         if key in values:
-            raise PinError(f"{path}:{lineno}: duplicate key {key!r}")
+            raise PinError(f"{path}:{lineno}: duplicate key {key!r}", hint=hint)
         values[key] = value
         where[key] = lineno
     missing = [k for k in KEYS if k not in values]
     if missing:
-        raise PinError(f"{path}: missing key(s): {', '.join(missing)}")
+        raise PinError(f"{path}: missing key(s): {', '.join(missing)}", hint=hint)
     pin = Pin(**values, origin=str(path), lines=tuple(sorted(where.items())))
     pin.validate(str(path))
     return pin

@@ -76,11 +76,18 @@ def read_series_file(directory: Path) -> list[str]:
     if not path.is_file():
         raise SeriesError(f"{path} not found", hint="run `smla export` from a patched tree to create it")
     names: list[str] = []
-    for lineno, line in content_lines(path, SeriesError):
+    hint = (f"fix that line of {path}, or restore the committed file with "
+            f"{cmd('git', '-C', directory, 'checkout', '--', SERIES_FILE)}")
+    try:
+        lines = content_lines(path, SeriesError)
+    except SeriesError as exc:
+        exc.hint = hint
+        raise
+    for lineno, line in lines:
         if not _NAME.match(line):
-            raise SeriesError(f"{path}:{lineno}: {line!r} is not a patch file name (NNNN-name.patch)")
+            raise SeriesError(f"{path}:{lineno}: {line!r} is not a patch file name (NNNN-name.patch)", hint=hint)
         if line in names:
-            raise SeriesError(f"{path}:{lineno}: {line} is listed twice")
+            raise SeriesError(f"{path}:{lineno}: {line} is listed twice", hint=hint)
         names.append(line)
     return names
 
@@ -109,7 +116,7 @@ def load(directory: Path, *, allow_empty: bool = False) -> Series:
                          f"move {them} out of {directory} (`smla export` never deletes a file the series does "
                          "not list)")
         if missing:
-            hints.append(f"restore {', '.join(missing)} (`git checkout -- {directory}`) or remove "
+            hints.append(f"restore {', '.join(missing)} ({cmd('git', '-C', directory, 'checkout', '--', *missing)}) or remove "
                          + ("its line" if len(missing) == 1 else "their lines") + f" from {directory}/series")
         raise SeriesError(f"{directory}/series and the directory disagree ({'; '.join(parts)})",
                           hint="; ".join(hints))
@@ -119,8 +126,21 @@ def load(directory: Path, *, allow_empty: bool = False) -> Series:
 
 
 def parse_patch(path: Path, raw: bytes | None = None) -> Patch:
-    """Parse and validate one format-patch file (`raw`: its bytes, when not yet written to `path`)."""
+    """Parse and validate one format-patch file (`raw`: its bytes, when not yet written to `path`).
+    An error without a hint of its own gets one that names this file only."""
     raw = path.read_bytes() if raw is None else raw
+    try:
+        return _parse_patch(path, raw)
+    except SeriesError as exc:
+        if exc.hint == SeriesError.default_hint:
+            exc.hint = (f"fix {path}, restore the committed file with "
+                        f"{cmd('git', '-C', path.parent, 'checkout', '--', path.name)}, or overwrite it with the "
+                        f"work tree's commit: {cmd('smla', 'export', '--force')} (plain {cmd('smla', 'export')} "
+                        "keeps a hand edit)")
+        raise
+
+
+def _parse_patch(path: Path, raw: bytes) -> Patch:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -104,7 +104,8 @@ def _check_target(pin: Pin, tree: Path, force: bool, guard) -> TreeInfo | None:
     """What is at `tree` and whether fetch may proceed; the tree's info when it is an smla tree at
     the pin (and not forced) or when force may replace it; None when nothing (or an empty dir) is there."""
     if tree.exists() and not tree.is_dir():
-        raise TreeStateError(f"{tree} is a file, not a work tree directory", hint="pass another --tree")
+        raise TreeStateError(f"{tree} is a file, where the work tree's directory belongs",
+                             hint=f"move that file away ({cmd('mv', tree, f'{tree}.old')}), or pass another --tree")
     if rebase_in_progress(tree):
         raise TreeStateError(
             f"a `smla rebase` is stopped in {tree}",

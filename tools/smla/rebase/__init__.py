@@ -64,6 +64,8 @@ def run(project: Project, tree: Path | None, *, onto: str | None = None, continu
     if sum(map(bool, (onto, continue_, abort))) != 1:
         raise UsageError("give exactly one of --onto COMMIT|VERSION, --continue, --abort")
     reports = dict(report_dir=report_dir, report_name=report_name)
+    if (abort or continue_) and tree is None:
+        _stopped_on_another_line(project, "--abort" if abort else "--continue")
     try:
         if abort:
             with lock.hold(tree or project.default_tree):
@@ -78,9 +80,40 @@ def run(project: Project, tree: Path | None, *, onto: str | None = None, continu
         if onto and report_dir:
             write_refusal(exc, report_dir, report_name, action=f"--onto {onto}")
         raise
+    except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: the CLI's edge makes it Interrupted, with this hint
+        stopped = _stopped_trees(project, tree)
+        if stopped:
+            line = ["--line", stopped[0][0]] if tree is None else []
+            exc.hint = (f"the rebase stopped mid-step in {stopped[0][1]}: {cmd('smla', *line, 'rebase', '--continue')} "
+                        f"picks it up where it stopped, {cmd('smla', *line, 'rebase', '--abort')} undoes it")
+        raise
     written = (write_reports(result, Path(result.report_dir), result.report_name, root=project.root)
                if result.report_dir else [])
     return result, written
+
+
+def _stopped_trees(project: Project, tree: Path | None) -> list[tuple[str, Path]]:
+    """(line, tree) of each stopped rebase this command could have left: in `tree`, else in a line's tree."""
+    if tree is not None:
+        return [(project.line, tree)] if treeinfo.rebase_in_progress(tree) else []
+    return [(ln, project.on(ln).default_tree) for ln in project.lines()
+            if treeinfo.rebase_in_progress(project.on(ln).default_tree)]
+
+
+def _stopped_on_another_line(project: Project, flag: str) -> None:
+    """--continue/--abort on a line whose tree has no stopped rebase, while another line's has one (a
+    release target works in the line it opens; `--line`, $SMLA_LINE or make's VLLM= picked the old
+    one): name that line, instead of "no rebase in progress"."""
+    if treeinfo.rebase_in_progress(project.default_tree):
+        return
+    others = [ln for ln, _ in _stopped_trees(project, None) if ln != project.line]
+    if others:
+        raise TreeStateError(
+            f"no rebase in progress on line {project.line} ({project.default_tree}); the one stopped is on line "
+            + " and ".join(others) + f" ({project.on(others[0]).default_tree})",
+            hint=" or ".join(cmd("smla", "--line", ln, "rebase", flag) for ln in others)
+                 + (f" (make: {cmd('make', 'rebase', f'VLLM={others[0]}', f'ARGS={flag}')})" if len(others) == 1 else ""),
+        )
 
 
 def start(
@@ -140,6 +173,27 @@ def _start(project: Project, dest: Project, tree: Path, kind: str, spec: str, ol
 
     # Back up everything before the first visible change; a new line starts as a copy of this one.
     backed_up = state_mod.back_up(tree, project.pin_file, project.patches_dir)
+    try:
+        opened, state = _begin(project, dest, tree, info, old_pin, old, new_base, target, series, backed_up,
+                               report_dir, report_name, opening, echo)
+    except BaseException:
+        # Stopped (Ctrl-C included) before the replay began, where --continue cannot pick it up (the tree
+        # this run made goes with its state, in opening_tree; or no state was saved): the line it opened
+        # goes too. destination() refused an existing line, so this one is the run's own.
+        if (dest.line != project.line and not opening.kept and dest.line_dir.exists()
+                and (opening.created or not treeinfo.rebase_in_progress(tree))):
+            newline.remove_opened_line(dest.line_dir, project.line_dir)
+        raise
+    echo(f"replaying {len(series.patches)} patches onto {target.spec} ({new_base[:12]})"
+         + (f" as the new line lines/{dest.line}/ (tree {tree})" if opened else ""))
+    return _replay(project, tree, state, run_tests, echo)
+
+
+def _begin(project: Project, dest: Project, tree: Path, info, old_pin: pin_mod.Pin, old: dict, new_base: str,
+           target: Target, series, backed_up, report_dir: Path | None, report_name: str | None,
+           opening: newline.Opening, echo) -> tuple[Path | None, dict]:
+    """Open the new line (if any), save the state and check out the new base: the rebase has begun
+    (opening.keep()). The opened line's directory (or None) and the state."""
     opened = newline.open_line(project, dest, echo) if dest.line != project.line else None
     branch = proc.git(tree, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip() or None
     state = {
@@ -173,9 +227,7 @@ def _start(project: Project, dest: Project, tree: Path, kind: str, spec: str, ol
     state_mod.save(tree, state)
     proc.git(tree, "checkout", "-q", "-B", WORK_BRANCH, new_base)
     opening.keep()  # from here on, --abort decides what happens to a tree this run created
-    echo(f"replaying {len(series.patches)} patches onto {target.spec} ({new_base[:12]})"
-         + (f" as the new line lines/{dest.line}/ (tree {tree})" if opened else ""))
-    return _replay(project, tree, state, run_tests, echo)
+    return opened, state
 
 
 def continue_(project: Project, tree: Path, *, run_tests: bool = True, report_dir: Path | None = None,
@@ -196,7 +248,8 @@ def continue_(project: Project, tree: Path, *, run_tests: bool = True, report_di
     if state_mod.am_in_progress(tree):
         unmerged = state_mod.unmerged(tree)
         if unmerged:
-            raise RebaseConflict(f"still unresolved in {tree}: {', '.join(unmerged)}", hint=resolve_hint(tree))
+            raise RebaseConflict(f"still unresolved in {tree}: {', '.join(unmerged)}",
+                                 hint=resolve_hint(tree, state.get("line")))
         done = proc.git(tree, "am", "--continue", check=False)
         if done.returncode != 0:
             skip = cmd("git", "-C", tree, "am", "--skip")

@@ -25,7 +25,7 @@ def abort(project: Project, tree: Path, *, report_dir: Path | None = None, repor
     if state_mod.am_in_progress(tree):
         proc.git(tree, "am", "--quit")
     proc.git(tree, "reset", "-q", "--hard")
-    kept = keep_untracked(tree, state["orig_head"])
+    kept = in_tree = keep_untracked(tree, state["orig_head"])
     if state["orig_branch"]:
         proc.git(tree, "checkout", "-q", "-f", "-B", state["orig_branch"], state["orig_head"])
     else:
@@ -37,12 +37,12 @@ def abort(project: Project, tree: Path, *, report_dir: Path | None = None, repor
         proc.git(tree, "config", key, value)
     if state.get("opened_line"):  # the line this rebase opened goes again; the old line was never touched
         old_line = Path(state["root"]) / "lines" / state["line"]["from"]
-        kept += newline.remove_opened_line(Path(state["opened_line"]), old_line)
+        kept = kept + newline.remove_opened_line(Path(state["opened_line"]), old_line)
     else:
-        kept += state_mod.restore_files(tree, Path(state["pin_file"]), Path(state["patches_dir"]),
+        kept = kept + state_mod.restore_files(tree, Path(state["pin_file"]), Path(state["patches_dir"]),
                                         state["backup_files"])
     state_mod.remove(tree)
-    if state.get("tree_created") and not kept:  # a tree holding what the user made during the stop stays
+    if state.get("tree_created") and not in_tree:  # a tree holding what the user made during the stop stays
         newline.remove_tree(tree)
     elif state.get("tree_created"):
         kept.append(f"{tree} was made by this rebase, but holds files made during the stop: kept")

@@ -109,7 +109,7 @@ class RebaseResult:
             stopped = next(p for p in self.patches if p.outcome == CONFLICT)
             return RebaseConflict(
                 f"rebase stopped: patch {stopped.name} conflicts in {', '.join(stopped.files) or '?'}",
-                hint=resolve_hint(Path(self.tree)),
+                hint=resolve_hint(Path(self.tree), self.line),
             )
         if self.status == "broken":
             broken = [p for p in self.patches if p.checks]
@@ -129,11 +129,15 @@ class RebaseResult:
             raise err
 
 
-def resolve_hint(tree: Path) -> str:
+def resolve_hint(tree: Path, line: dict | None = None) -> str:
+    """`line`: the state's/report's line record; a rebase that opened a new line names it (`--line X`),
+    so the hint holds also where `--line`, $SMLA_LINE or make's VLLM= picks the old line."""
+    on = ["--line", line["to"]] if line and line.get("opened") else []
+    go, skip, stop = (cmd("smla", *on, "rebase", flag) for flag in ("--continue", "--continue", "--abort"))
     return (
         f"resolve the conflicts in {tree} (edit, then {cmd('git', '-C', tree, 'add', '<files>')}), "
-        "then run `smla rebase --continue`; drop the patch with "
-        f"{cmd('git', '-C', tree, 'am', '--skip')} + `smla rebase --continue`; or give up with `smla rebase --abort`"
+        f"then run {go}; drop the patch with "
+        f"{cmd('git', '-C', tree, 'am', '--skip')} + {skip}; or give up with {stop}"
     )
 
 
@@ -142,8 +146,13 @@ def text(r: RebaseResult) -> str:
     old, new = d["old_base"], d["new_base"]
     if r.status == "aborted":
         if r.line and r.line.get("opened"):
-            return (f"rebase onto {r.target['spec']} aborted: the line lines/{r.line['to']}/ it opened and its "
-                    f"work tree {r.tree} are removed; line {r.line['from']} was never changed\n")
+            if not r.kept:
+                return (f"rebase onto {r.target['spec']} aborted: the line lines/{r.line['to']}/ it opened and its "
+                        f"work tree {r.tree} are removed; line {r.line['from']} was never changed\n")
+            return (f"rebase onto {r.target['spec']} aborted: what it made in the line lines/{r.line['to']}/ and "
+                    f"its work tree {r.tree} is removed, what was made there during the stop is kept (below: "
+                    f"move it where you want it, then remove what is left); line {r.line['from']} was never "
+                    "changed\n" + "".join(f"kept: {k}\n" for k in r.kept))
         return (f"rebase onto {r.target['spec']} aborted: {r.tree} is back at {_label(old, None)} "
                 "with its original branch; pin file and patches/ restored byte for byte\n"
                 + "".join(f"kept: {k}\n" for k in r.kept))
@@ -166,7 +175,7 @@ def text(r: RebaseResult) -> str:
     for note in r.target.get("notes", []):
         lines.append(f"note: {note}")
     if r.status == "conflict":
-        lines.append(f"next: {resolve_hint(Path(r.tree))}")
+        lines.append(f"next: {resolve_hint(Path(r.tree), r.line)}")
     if r.pin_after and d["pin"]["changed"]:
         lines.append("pin: " + ", ".join(f"{k} {r.pin_before.get(k, '-')} -> {v}"
                                           for k, v in r.pin_after.items() if r.pin_before.get(k) != v))
@@ -276,7 +285,7 @@ def markdown(r: RebaseResult) -> str:
                        + (f" ({stop['detail']})" if stop.get("detail") else ""))
         out.append("")
     if r.status == "conflict":
-        out += ["### Needs a human", "", f"The rebase stopped at `{r.stopped_at}`. {resolve_hint(Path(r.tree))}.", ""]
+        out += ["### Needs a human", "", f"The rebase stopped at `{r.stopped_at}`. {resolve_hint(Path(r.tree), r.line)}.", ""]
     if r.range_diff:
         out += ["### What changed in each patch (`git range-diff` old series → new series)", "",
                 "<details><summary>range-diff</summary>", "", "```diff", r.range_diff.rstrip(), "```", "",
