@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from fp8_ds_mla_reference import row_bytes  # noqa: E402
-from timing import copy_tbps, kernel_modules, parse_args  # noqa: E402
+from timing import copy_tbps, kernel_modules, parse_args, prewarm_workers  # noqa: E402
 from timing import median_us as bench  # noqa: E402
 from sparse_mla_reference import reference_sparse_mla  # noqa: E402
 
@@ -230,17 +230,6 @@ def fp8_small(gen, nb):
         NUM_BLOCKS = saved
 
 
-def prewarm(n: int, argv: list[str]) -> None:
-    import subprocess
-    import time
-
-    t0 = time.time()
-    procs = [subprocess.Popen([sys.executable, __file__, *argv, "--worker", f"{i}/{n}"])
-             for i in range(n)]
-    rcs = [p.wait() for p in procs]
-    print(f"prewarm: {n} workers, rc {rcs}, {time.time() - t0:.1f} s", flush=True)
-
-
 def extra_args(ap) -> None:
     ap.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
     ap.add_argument("--prewarm-only", action="store_true")
@@ -264,14 +253,7 @@ def main() -> None:
         prewarm_worker(mod, args.worker, heads, tokens, args.sweep)
         return
     if args.prewarm:
-        argv, skip = [], False
-        for a in sys.argv[1:]:
-            if skip or a == "--prewarm":
-                skip = not skip
-                continue
-            if a != "--prewarm-only":
-                argv.append(a)
-        prewarm(args.prewarm, argv)
+        prewarm_workers(__file__, args.prewarm, sys.argv[1:])
         if args.prewarm_only:
             return
     have_fm = False

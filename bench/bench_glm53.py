@@ -75,7 +75,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from fp8_ds_mla_reference import dequant_ds_mla  # noqa: E402
 from sparse_mla_reference import load_tree_module, reference_sparse_mla, rel_err  # noqa: E402
-from timing import copy_tbps, kernel_modules, parse_args  # noqa: E402
+from timing import copy_tbps, kernel_modules, parse_args, prewarm_workers  # noqa: E402
 from timing import median_us as bench  # noqa: E402
 
 R = 512  # kv_lora_rank = head size (NoPE)
@@ -393,17 +393,6 @@ def prewarm_worker(mod, which: str, heads, tokens) -> None:
     torch.cuda.synchronize()
 
 
-def prewarm(n: int, argv: list[str]) -> None:
-    import subprocess
-    import time
-
-    t0 = time.time()
-    procs = [subprocess.Popen([sys.executable, __file__, *argv, "--worker", f"{i}/{n}"])
-             for i in range(n)]
-    rcs = [p.wait() for p in procs]
-    print(f"prewarm: {n} workers, rc {rcs}, {time.time() - t0:.1f} s", flush=True)
-
-
 class Grid:
     """Sizes and device of a run: the H200 benchmark, or the CPU smoke (tiny, one untimed call
     per side: timer returns 0)."""
@@ -597,9 +586,7 @@ def main() -> None:
         prewarm_worker(mod, args.worker, heads, tokens)
         return
     if args.prewarm:
-        argv = [a for a in sys.argv[1:] if a not in ("--prewarm", str(args.prewarm),
-                                                     "--prewarm-only")]
-        prewarm(args.prewarm, argv)
+        prewarm_workers(__file__, args.prewarm, sys.argv[1:])
         if args.prewarm_only:
             return
     bw = copy_tbps()

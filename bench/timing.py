@@ -97,3 +97,24 @@ def host_us(fn, calls: int = 2000) -> float:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     return (t1 - t0) / calls * 1e6
+
+
+def prewarm_workers(script: str, n: int, argv: list[str]) -> None:
+    """Run `script ARGS --worker i/n` for i < n at once (each compiles its share of the
+    launches, so that Triton's disk cache serves the timed process) and wait for them;
+    ARGS is the bench's own argv less `--prewarm N` and `--prewarm-only`."""
+    import subprocess
+
+    args, skip = [], False
+    for a in argv:
+        if skip or a == "--prewarm":
+            skip = not skip
+            continue
+        if a != "--prewarm-only":
+            args.append(a)
+    argv = args
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, script, *argv, "--worker", f"{i}/{n}"])
+             for i in range(n)]
+    rcs = [p.wait() for p in procs]
+    print(f"prewarm: {n} workers, rc {rcs}, {time.time() - t0:.1f} s", flush=True)
