@@ -10,7 +10,9 @@ this module imports nothing from vLLM.
 - batch(): two decodes, a 3-token spec-decode row and a 130-token prefill with 30 tokens of
   context, 64-token blocks in a shuffled block table; the logical top-k of every query token in a
   buffer WIDTH (256) wide, wider than INDEX_TOPK (128), rows reaching past INDEX_TOPK, -1 holes
-  anywhere in a row.
+  anywhere in a row.  GLM-5.3-Flash (a geometry with "kpool"): the model's own top-k geometry
+  (index_topk 2048 = 512 pools of 4, buffer width 2176), a decode at 8,203 tokens first, and the
+  buffer as its pooled indexer op leaves it (pooled_topk).
 - reference_layer(): float64 MLA of the layer (W_UK absorption, softmax over the selected rows,
   W_UV) over the rows the attention must read.
 """
@@ -29,39 +31,105 @@ GEOMETRY = {  # per-GPU heads (TP8), qk_nope, v_head; kv_lora 512, rope 64
     "deepseek-v3.2": dict(heads=16, qk_nope=128, v_head=128, layers=1),
     "glm-5": dict(heads=8, qk_nope=192, v_head=256, layers=1),
     "glm-5.2": dict(heads=8, qk_nope=192, v_head=256, layers=3),
-    # GLM-5.3-Flash: 64 heads / TP8, NoPE (no rope part: head size 512; the 0.33.0 line's check)
-    "glm-5.3-flash": dict(heads=8, qk_nope=256, v_head=256, layers=1, rope=0),
+    # GLM-5.3-Flash: 64 heads / TP8, NoPE (no rope part: head size 512; the 0.33.0 line's check),
+    # the model's top-k geometry: index_topk 2048 = 512 pools of kpool 4, the buffer
+    # round_up(2048 + 4 - 1, 128) = 2176 wide; a decode past 8k tokens (2,050 pools) first
+    "glm-5.3-flash": dict(heads=8, qk_nope=256, v_head=256, layers=1, rope=0, index_topk=2048,
+                          width=2176, kpool=4, max_model_len=10240,
+                          requests=[(1, 8203)] + REQUESTS),
 }
+DECODE_MAX_QUERY = 3  # query lengths up to this are decodes (the spec-decode row: MTP, 2 drafts)
 
 
-def batch(gen: torch.Generator, common_metadata_cls) -> dict:
+def geometry_batch(geom: dict) -> tuple[list[tuple[int, int]], int, int]:
+    """(requests, index_topk, buffer width) of a GEOMETRY entry (the defaults but GLM-5.3-Flash)."""
+    return geom.get("requests", REQUESTS), geom.get("index_topk", INDEX_TOPK), geom.get("width", WIDTH)
+
+
+def split(requests) -> tuple[int, int, int]:
+    """(num_decodes, num_prefills, num_decode_tokens) of a batch: decodes first."""
+    dec = [q for q, _ in requests if q <= DECODE_MAX_QUERY]
+    return len(dec), len(requests) - len(dec), sum(dec)
+
+
+def pooled_topk(gen, requests, geom, expand, fill_causal, rows=512):
+    """The top-k buffer as GLM-5.3-Flash's pooled indexer op (sparse_attn_indexer_kpool) leaves
+    it for this batch: -1 everywhere; prefill rows, when the batch's longest prefill is within
+    index_topk (the op scores nothing then), causal rows by `fill_causal` (the op's
+    _fill_causal_indices); decode rows, when the batch's longest sequence passes index_topk, the
+    top index_topk / kpool pools of each token's (pos + 1) // kpool complete ones (by a random
+    score here where the op has its pooled logits; -1 past a short row's pools), expanded to
+    their tokens with the token's tail ((pos + 1) % kpool tokens) appended at index_topk by
+    `expand` (the op's expand_pools_and_append_tail)."""
+    topk_tokens, width, kpool = geom["index_topk"], geom["width"], geom["kpool"]
+    select = topk_tokens // kpool
+    buf = torch.full((rows, width), -1, dtype=torch.int32)
+    dec_pos, pre_pos, t = [], [], 0
+    for ql, sl in requests:
+        rows_of = [(t + i, sl - ql + i) for i in range(ql)]
+        (dec_pos if ql <= DECODE_MAX_QUERY else pre_pos).extend(rows_of)
+        t += ql
+    assert max((p + 1 for _, p in pre_pos), default=0) <= topk_tokens, "a scored prefill"
+    if pre_pos:
+        idx = torch.tensor([r for r, _ in pre_pos])
+        rows_ = buf[idx]
+        fill_causal(rows_, torch.tensor([p for _, p in pre_pos], dtype=torch.int32))
+        buf[idx] = rows_
+    if dec_pos:
+        idx = torch.tensor([r for r, _ in dec_pos])
+        seq = torch.tensor([p + 1 for _, p in dec_pos], dtype=torch.int32)
+        if max(s for _, s in requests) <= topk_tokens:  # every token selected: causal rows
+            rows_ = buf[idx]
+            fill_causal(rows_, seq - 1)
+            buf[idx] = rows_
+        else:
+            pools = torch.full((len(dec_pos), select), -1, dtype=torch.int64)
+            for i, s in enumerate(seq.tolist()):
+                n = s // kpool
+                score = torch.rand(n, generator=gen)
+                pools[i, : min(select, n)] = torch.topk(score, min(select, n)).indices
+            out = expand(pools, seq, kpool)
+            assert out.shape == (len(dec_pos), topk_tokens + kpool - 1)
+            buf[idx, : out.shape[1]] = out
+    return buf
+
+
+def batch(gen: torch.Generator, common_metadata_cls, geom: dict | None = None,
+          expand=None, fill_causal=None) -> dict:
     """Block table, slot mapping of every position, logical top-k of every query token, and the
-    batch as vLLM's CommonAttentionMetadata (`common_metadata_cls`)."""
-    num_reqs = len(REQUESTS)
-    max_blocks = max(math.ceil(s / BLOCK) for _, s in REQUESTS)
+    batch as vLLM's CommonAttentionMetadata (`common_metadata_cls`); `geom` (a GEOMETRY entry)
+    may set the requests and the top-k geometry; one with "kpool" takes the pooled indexer op's
+    buffer (pooled_topk, with its `expand` and `fill_causal`)."""
+    geom = geom or {}
+    requests, _, width = geometry_batch(geom)
+    num_reqs = len(requests)
+    max_blocks = max(math.ceil(s / BLOCK) for _, s in requests)
     num_blocks = num_reqs * max_blocks + 2
     perm = torch.randperm(num_blocks, generator=gen)[: num_reqs * max_blocks]
     block_table = perm.view(num_reqs, max_blocks).to(torch.int32)
-    topk = torch.full((512, WIDTH), -1, dtype=torch.int32)
+    topk = torch.full((512, width), -1, dtype=torch.int32)
     req_of_token, pos_of_token, t = [], [], 0
-    for r, (ql, sl) in enumerate(REQUESTS):
+    for r, (ql, sl) in enumerate(requests):
         for i in range(ql):
             pos = sl - ql + i
-            n = min(WIDTH - 32, pos + 1)  # some rows reach past index_topk
-            sel = torch.randperm(pos + 1, generator=gen)[:n].to(torch.int32)
-            cols = torch.randperm(WIDTH, generator=gen)[:n]  # -1 holes anywhere
-            topk[t, cols] = sel
+            if "kpool" not in geom:
+                n = min(width - 32, pos + 1)  # some rows reach past index_topk
+                sel = torch.randperm(pos + 1, generator=gen)[:n].to(torch.int32)
+                cols = torch.randperm(width, generator=gen)[:n]  # -1 holes anywhere
+                topk[t, cols] = sel
             req_of_token.append(r)
             pos_of_token.append(pos)
             t += 1
+    if "kpool" in geom:
+        topk = pooled_topk(gen, requests, geom, expand, fill_causal)
     all_slots = [  # every position of every request (the cache holds the whole sequence)
         torch.tensor([int(block_table[r, p // BLOCK]) * BLOCK + p % BLOCK for p in range(sl)])
-        for r, (_, sl) in enumerate(REQUESTS)]
-    q_lens = [q for q, _ in REQUESTS]
+        for r, (_, sl) in enumerate(requests)]
+    q_lens = [q for q, _ in requests]
     qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
-    seq_lens = torch.tensor([s for _, s in REQUESTS], dtype=torch.int32)
+    seq_lens = torch.tensor([s for _, s in requests], dtype=torch.int32)
     T = int(qsl[-1])
-    new_slots = torch.cat([all_slots[r][-ql:] for r, (ql, _) in enumerate(REQUESTS)])
+    new_slots = torch.cat([all_slots[r][-ql:] for r, (ql, _) in enumerate(requests)])
     cm = common_metadata_cls(
         query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq_lens,
         num_reqs=num_reqs, num_actual_tokens=T, max_query_len=max(q_lens),

@@ -67,7 +67,7 @@ import torch  # noqa: E402
 import vllm.utils.torch_utils as torch_utils  # noqa: E402
 from fp8_ds_mla_reference import dequant_ds_mla, quantize_ds_mla, split_ds_mla  # noqa: E402
 from layer_interpret_common import (  # noqa: E402
-    BLOCK, DTYPE, GEOMETRY, INDEX_TOPK, LORA, WIDTH, batch, reference_layer, rel_err)
+    BLOCK, DTYPE, GEOMETRY, LORA, batch, geometry_batch, reference_layer, rel_err, split)
 from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.model_executor.layers.attention import sparse_mla_attention  # noqa: E402
 from vllm.model_executor.layers.attention.mla_attention import MLAAttention  # noqa: E402
@@ -120,9 +120,26 @@ _k = importlib.util.spec_from_file_location(
 kernels = importlib.util.module_from_spec(_k)
 _k.loader.exec_module(kernels)  # by path: the package __init__ imports the whole CUDA model
 
+
+def _by_path(name, rel):
+    """A module of the tree by file path (vllm.models.glm5next's __init__ imports the whole
+    model, whose multimodal part needs torchvision)."""
+    spec_ = importlib.util.spec_from_file_location(name, Path(TREE) / rel)
+    mod = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(mod)
+    return mod
+
+
 GEOMETRY = GEOMETRY[CASE]  # this case's heads, qk_nope, v_head, layer count (and rope: 0 for NoPE)
 ROPE = GEOMETRY.get("rope", 64)
 NOPE = ROPE == 0
+REQUESTS, INDEX_TOPK, WIDTH = geometry_batch(GEOMETRY)
+KPOOL = GEOMETRY.get("kpool")
+if KPOOL:  # GLM-5.3-Flash's pooled indexer op's own expansion and causal fill
+    kpool_ops = _by_path("_glm5next_kpool_compress",
+                         "vllm/models/glm5next/nvidia/ops/kpool_compress.py")
+    kpool_common = _by_path("_glm5next_sparse_indexer_common",
+                            "vllm/models/glm5next/common/sparse_indexer.py")
 dev = torch.device("cpu")
 gen = torch.Generator().manual_seed(7)
 
@@ -134,7 +151,8 @@ def vllm_config(heads: int, kv_cache_dtype: str) -> VllmConfig:
         v_head_dim=GEOMETRY["v_head"], q_lora_rank=1536, num_attention_heads=heads * 8)
     cfg = VllmConfig()
     object.__setattr__(cfg, "model_config", types.SimpleNamespace(
-        hf_config=hf, hf_text_config=hf, dtype=DTYPE, max_model_len=4096, use_mla=True,
+        hf_config=hf, hf_text_config=hf, dtype=DTYPE,
+        max_model_len=GEOMETRY.get("max_model_len", 4096), use_mla=True,
         rswa_window=None, model_arch_config=types.SimpleNamespace(total_num_attention_heads=heads * 8),
         get_num_attention_heads=lambda parallel_config: heads))
     cfg.cache_config.cache_dtype = kv_cache_dtype
@@ -265,12 +283,42 @@ def counting_convert(*args, **kwargs):
 
 index_group_mod.triton_convert_req_index_to_global_index = counting_convert
 
+def check_pooled_topk(b, kv_cache_dtype):
+    """What the pooled buffer holds (GLM-5.3-Flash): the 8,203-token decode's 512 pools of 2,050
+    (2,048 tokens, no hole) and its 3 tail tokens at index_topk; decode rows with tail tokens past
+    index_topk after -1 holes; the prefill's causal rows."""
+    topk, T = b["topk"], b["T"]
+    assert topk.shape[1] == WIDTH and (topk[T:] == -1).all()
+    row, L = topk[0], REQUESTS[0][1]
+    assert L > 4 * INDEX_TOPK and (row[:INDEX_TOPK] >= 0).all()
+    assert row[:INDEX_TOPK].unique().numel() == INDEX_TOPK
+    pools = (row[:INDEX_TOPK] // KPOOL).unique()
+    assert pools.numel() == INDEX_TOPK // KPOOL < L // KPOOL
+    assert row[INDEX_TOPK:INDEX_TOPK + 3].tolist() == list(range(L - L % KPOOL, L))
+    assert (row[INDEX_TOPK + 3:] == -1).all()
+    tails = holes = 0
+    for t in range(T):
+        r, pos = topk[t], b["pos"][t]
+        valid = r[r >= 0]
+        assert valid.max() <= pos and valid.unique().numel() == valid.numel()
+        tails += int((r[INDEX_TOPK:] >= 0).any())
+        holes += int(((r[:INDEX_TOPK] == -1).any() and (r[INDEX_TOPK:] >= 0).any()))
+    assert holes > 0
+    print(f"ok pooled topk {CASE} {kv_cache_dtype}: width {WIDTH}, index_topk {INDEX_TOPK}; "
+          f"the {L}-token decode: 512 of {L // KPOOL} pools + {L % KPOOL} tail tokens; "
+          f"{tails} rows with entries past index_topk, {holes} of them after -1 holes")
+
+
 failures = 0
 for kv_cache_dtype in ("auto", "fp8_ds_mla"):
     heads = GEOMETRY["heads"]
     cfg = vllm_config(heads, kv_cache_dtype)
-    b = batch(gen, CommonAttentionMetadata)
+    b = batch(gen, CommonAttentionMetadata, GEOMETRY,
+              expand=kpool_ops.expand_pools_and_append_tail if KPOOL else None,
+              fill_causal=kpool_common._fill_causal_indices if KPOOL else None)
     buf = b["topk"]
+    if KPOOL:
+        check_pooled_topk(b, kv_cache_dtype)
     with set_current_vllm_config(cfg):
         spec = backend.TritonMLASparseBackend.customize_spec(MLAAttentionSpec(
             block_size=BLOCK, num_kv_heads=1, head_size=LORA + ROPE,
@@ -282,10 +330,11 @@ for kv_cache_dtype in ("auto", "fp8_ds_mla"):
         builder = backend.TritonMLASparseMetadataBuilder(
             spec, [f"layer.{i}" for i in range(GEOMETRY["layers"])], cfg, dev)
         md = builder.build(common_prefix_len=0, common_attn_metadata=b["cm"])
-        assert (md.num_decodes, md.num_prefills, md.num_decode_tokens) == (3, 1, 5), md
+        nd, npf, ndt = split(REQUESTS)
+        assert (md.num_decodes, md.num_prefills, md.num_decode_tokens) == (nd, npf, ndt), md
         assert md.prefill is None  # no dense MHA prefill backend: every token takes forward_mqa
         assert torch.equal(md.req_id_per_token[: b["T"]], torch.tensor(b["req"], dtype=torch.int32))
-        print(f"ok builder {CASE} {kv_cache_dtype}: num_decodes 3, num_prefills 1, "
+        print(f"ok builder {CASE} {kv_cache_dtype}: num_decodes {nd}, num_prefills {npf}, "
               f"reorder threshold {builder.reorder_batch_threshold}")
         group_builder = SparseMLAIndexGroupBuilder(buf)
         indexer = types.SimpleNamespace(topk_indices_buffer=buf)
