@@ -12,7 +12,7 @@ this module imports nothing from vLLM.
   buffer WIDTH (256) wide, wider than INDEX_TOPK (128), rows reaching past INDEX_TOPK, -1 holes
   anywhere in a row.  GLM-5.3-Flash (a geometry with "kpool"): the model's own top-k geometry
   (index_topk 2048 = 512 pools of 4, buffer width 2176), a decode at 8,203 tokens first, and the
-  buffer as its pooled indexer op leaves it (pooled_topk).
+  buffer filled by the line's pooled indexer op (batch's fill_topk).
 - reference_layer(): float64 MLA of the layer (W_UK absorption, softmax over the selected rows,
   W_UV) over the rows the attention must read.
 """
@@ -52,54 +52,12 @@ def split(requests) -> tuple[int, int, int]:
     return len(dec), len(requests) - len(dec), sum(dec)
 
 
-def pooled_topk(gen, requests, geom, expand, fill_causal, rows=512):
-    """The top-k buffer as GLM-5.3-Flash's pooled indexer op (sparse_attn_indexer_kpool) leaves
-    it for this batch: -1 everywhere; prefill rows, when the batch's longest prefill is within
-    index_topk (the op scores nothing then), causal rows by `fill_causal` (the op's
-    _fill_causal_indices); decode rows, when the batch's longest sequence passes index_topk, the
-    top index_topk / kpool pools of each token's (pos + 1) // kpool complete ones (by a random
-    score here where the op has its pooled logits; -1 past a short row's pools), expanded to
-    their tokens with the token's tail ((pos + 1) % kpool tokens) appended at index_topk by
-    `expand` (the op's expand_pools_and_append_tail)."""
-    topk_tokens, width, kpool = geom["index_topk"], geom["width"], geom["kpool"]
-    select = topk_tokens // kpool
-    buf = torch.full((rows, width), -1, dtype=torch.int32)
-    dec_pos, pre_pos, t = [], [], 0
-    for ql, sl in requests:
-        rows_of = [(t + i, sl - ql + i) for i in range(ql)]
-        (dec_pos if ql <= DECODE_MAX_QUERY else pre_pos).extend(rows_of)
-        t += ql
-    assert max((p + 1 for _, p in pre_pos), default=0) <= topk_tokens, "a scored prefill"
-    if pre_pos:
-        idx = torch.tensor([r for r, _ in pre_pos])
-        rows_ = buf[idx]
-        fill_causal(rows_, torch.tensor([p for _, p in pre_pos], dtype=torch.int32))
-        buf[idx] = rows_
-    if dec_pos:
-        idx = torch.tensor([r for r, _ in dec_pos])
-        seq = torch.tensor([p + 1 for _, p in dec_pos], dtype=torch.int32)
-        if max(s for _, s in requests) <= topk_tokens:  # every token selected: causal rows
-            rows_ = buf[idx]
-            fill_causal(rows_, seq - 1)
-            buf[idx] = rows_
-        else:
-            pools = torch.full((len(dec_pos), select), -1, dtype=torch.int64)
-            for i, s in enumerate(seq.tolist()):
-                n = s // kpool
-                score = torch.rand(n, generator=gen)
-                pools[i, : min(select, n)] = torch.topk(score, min(select, n)).indices
-            out = expand(pools, seq, kpool)
-            assert out.shape == (len(dec_pos), topk_tokens + kpool - 1)
-            buf[idx, : out.shape[1]] = out
-    return buf
-
-
 def batch(gen: torch.Generator, common_metadata_cls, geom: dict | None = None,
-          expand=None, fill_causal=None) -> dict:
+          fill_topk=None) -> dict:
     """Block table, slot mapping of every position, logical top-k of every query token, and the
     batch as vLLM's CommonAttentionMetadata (`common_metadata_cls`); `geom` (a GEOMETRY entry)
-    may set the requests and the top-k geometry; one with "kpool" takes the pooled indexer op's
-    buffer (pooled_topk, with its `expand` and `fill_causal`)."""
+    may set the requests and the top-k geometry; one with "kpool" takes its top-k buffer from
+    `fill_topk(requests, gen)` (the line's pooled indexer op)."""
     geom = geom or {}
     requests, _, width = geometry_batch(geom)
     num_reqs = len(requests)
@@ -121,7 +79,8 @@ def batch(gen: torch.Generator, common_metadata_cls, geom: dict | None = None,
             pos_of_token.append(pos)
             t += 1
     if "kpool" in geom:
-        topk = pooled_topk(gen, requests, geom, expand, fill_causal)
+        topk = fill_topk(requests, gen)
+        assert topk.shape == (512, width)
     all_slots = [  # every position of every request (the cache holds the whole sequence)
         torch.tensor([int(block_table[r, p // BLOCK]) * BLOCK + p % BLOCK for p in range(sl)])
         for r, (_, sl) in enumerate(requests)]

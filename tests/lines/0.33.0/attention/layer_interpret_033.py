@@ -26,7 +26,13 @@ What is vLLM 0.33.0's own code here (TREE, unmodified but for the series):
 - reserve_workspace() (the profiling run's claim), then the workspace locked for the forward;
 - the KV cache is laid out with a block stride of twice block_size rows (other layers' pages in
   between), read through flat_kv_row_view; the top-k buffer is wider than index_topk (256 vs 128)
-  with valid entries past index_topk and -1 holes.
+  with valid entries past index_topk and -1 holes;
+- glm-5.3-flash: the model's top-k geometry (index_topk 2048 = 512 pools of 4, the buffer 2176
+  wide, max_model_len 10240), a decode at 8,203 tokens (2,050 pools) before the mixed batch, and
+  the buffer filled by vLLM 0.33.0's pooled indexer op, sparse_attn_indexer_kpool, on our Triton
+  logits (pooled_indexer_chain.py beside this file: pooled logits -> top-512 pools ->
+  expand_pools_and_append_tail for the decode rows, its causal fill for the prefill; its rows
+  checked against float64 pooled logits there), then read by the attention as the model does.
 Reference: float64 MLA over the rows the writer returned (kv_c_out, k_pe_out) for the 16-bit cache,
 over the dequantised cache bytes (tests/fp8_ds_mla_reference.py) for fp8_ds_mla; the fp8 bytes are
 also checked against kv_c_out (e4m3 rounding bound).
@@ -34,7 +40,8 @@ Stand-ins: the toolkit's _selection_standins (compiled modules empty, CUDA platf
 8.6 mocked, cuda tensor factories -> meta); CUDA_VISIBLE_DEVICES="" so that vllm.triton_utils keeps
 Triton with no active GPU driver (its rule for distributed workers), the kernels then run in the
 interpreter; PIN_MEMORY False; the workspace manager on the CPU; the DSA indexer is a
-SimpleNamespace holding topk_indices_buffer, filled by this script; the tensor-parallel size the
+SimpleNamespace holding topk_indices_buffer, filled by this script (glm-5.3-flash: by the pooled
+indexer op, its own stand-ins said in pooled_indexer_chain.py); the tensor-parallel size the
 impl asks for (masked-MHA availability, sm100 only) answers 8 without a process group; the index
 group's CUDA streams and events are no-op stand-ins (_InOrder: the CPU runs ops in order).  bfloat16 is not run: the
 interpreter has no bfloat16 arithmetic (the kernel test module's bf16 cases give garbage there).
@@ -67,7 +74,8 @@ import torch  # noqa: E402
 import vllm.utils.torch_utils as torch_utils  # noqa: E402
 from fp8_ds_mla_reference import dequant_ds_mla, quantize_ds_mla, split_ds_mla  # noqa: E402
 from layer_interpret_common import (  # noqa: E402
-    BLOCK, DTYPE, GEOMETRY, LORA, batch, geometry_batch, reference_layer, rel_err, split)
+    BLOCK, DECODE_MAX_QUERY, DTYPE, GEOMETRY, LORA, batch, geometry_batch, reference_layer, rel_err,
+    split)
 from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.model_executor.layers.attention import sparse_mla_attention  # noqa: E402
 from vllm.model_executor.layers.attention.mla_attention import MLAAttention  # noqa: E402
@@ -121,25 +129,13 @@ kernels = importlib.util.module_from_spec(_k)
 _k.loader.exec_module(kernels)  # by path: the package __init__ imports the whole CUDA model
 
 
-def _by_path(name, rel):
-    """A module of the tree by file path (vllm.models.glm5next's __init__ imports the whole
-    model, whose multimodal part needs torchvision)."""
-    spec_ = importlib.util.spec_from_file_location(name, Path(TREE) / rel)
-    mod = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(mod)
-    return mod
-
-
 GEOMETRY = GEOMETRY[CASE]  # this case's heads, qk_nope, v_head, layer count (and rope: 0 for NoPE)
 ROPE = GEOMETRY.get("rope", 64)
 NOPE = ROPE == 0
 REQUESTS, INDEX_TOPK, WIDTH = geometry_batch(GEOMETRY)
 KPOOL = GEOMETRY.get("kpool")
-if KPOOL:  # GLM-5.3-Flash's pooled indexer op's own expansion and causal fill
-    kpool_ops = _by_path("_glm5next_kpool_compress",
-                         "vllm/models/glm5next/nvidia/ops/kpool_compress.py")
-    kpool_common = _by_path("_glm5next_sparse_indexer_common",
-                            "vllm/models/glm5next/common/sparse_indexer.py")
+if KPOOL:  # GLM-5.3-Flash: its pooled indexer op fills the top-k buffer (pooled_indexer_chain.py)
+    import pooled_indexer_chain  # noqa: E402
 dev = torch.device("cpu")
 gen = torch.Generator().manual_seed(7)
 
@@ -284,9 +280,9 @@ def counting_convert(*args, **kwargs):
 index_group_mod.triton_convert_req_index_to_global_index = counting_convert
 
 def check_pooled_topk(b, kv_cache_dtype):
-    """What the pooled buffer holds (GLM-5.3-Flash): the 8,203-token decode's 512 pools of 2,050
-    (2,048 tokens, no hole) and its 3 tail tokens at index_topk; decode rows with tail tokens past
-    index_topk after -1 holes; the prefill's causal rows."""
+    """What the attention reads from the pooled indexer op's buffer (GLM-5.3-Flash): the
+    8,203-token decode's 512 pools of 2,050 (2,048 tokens, no hole) and its 3 tail tokens at
+    index_topk; rows with entries past index_topk after -1 holes; nothing past a row's position."""
     topk, T = b["topk"], b["T"]
     assert topk.shape[1] == WIDTH and (topk[T:] == -1).all()
     row, L = topk[0], REQUESTS[0][1]
@@ -313,11 +309,18 @@ failures = 0
 for kv_cache_dtype in ("auto", "fp8_ds_mla"):
     heads = GEOMETRY["heads"]
     cfg = vllm_config(heads, kv_cache_dtype)
-    b = batch(gen, CommonAttentionMetadata, GEOMETRY,
-              expand=kpool_ops.expand_pools_and_append_tail if KPOOL else None,
-              fill_causal=kpool_common._fill_causal_indices if KPOOL else None)
+    op_line = []
+
+    def fill_topk(requests, g):
+        buf_, line = pooled_indexer_chain.indexer_topk_buffer(TREE, requests, GEOMETRY, g,
+                                                              DECODE_MAX_QUERY)
+        op_line.append(line)
+        return buf_
+
+    b = batch(gen, CommonAttentionMetadata, GEOMETRY, fill_topk=fill_topk if KPOOL else None)
     buf = b["topk"]
     if KPOOL:
+        print(f"ok pooled indexer op {CASE} {kv_cache_dtype}: {op_line[0]}")
         check_pooled_topk(b, kv_cache_dtype)
     with set_current_vllm_config(cfg):
         spec = backend.TritonMLASparseBackend.customize_spec(MLAAttentionSpec(
