@@ -58,8 +58,9 @@ def test_explicit_backend_validation_reasons(vllm_tree):
 
 # tests/lines/<line>/attention/: the layer-level check (vLLM's MLA layer, sparse metadata builder and
 # our impl; DeepSeek-V3.2, GLM-5 and GLM-5.2's index layer + IndexCache layers, and on 0.33.0
-# GLM-5.3-Flash's NoPE head 512; a mixed decode/prefill batch; 16-bit and fp8_ds_mla caches) against
-# float64, the batch and reference shared (tests/layer_interpret_common.py).  0.33.0: its fused Triton
+# GLM-5.3-Flash's NoPE head 512 with its top-k geometry (2048 of a 2176-wide buffer, filled by its
+# pooled indexer op, a decode at 8,203 tokens); a mixed decode/prefill batch; 16-bit and fp8_ds_mla
+# caches) against float64, the batch and reference shared (tests/layer_interpret_common.py).  0.33.0: its fused Triton
 # cache writer, MLAAttention.forward_impl and SparseMLACommonImpl's index group; 0.26.0:
 # MLAAttention.forward with the impl's cache update (the compiled concat_and_cache_mla replaced by the
 # reference writer) and per-layer conversion.

@@ -26,7 +26,13 @@ What is vLLM 0.33.0's own code here (TREE, unmodified but for the series):
 - reserve_workspace() (the profiling run's claim), then the workspace locked for the forward;
 - the KV cache is laid out with a block stride of twice block_size rows (other layers' pages in
   between), read through flat_kv_row_view; the top-k buffer is wider than index_topk (256 vs 128)
-  with valid entries past index_topk and -1 holes.
+  with valid entries past index_topk and -1 holes;
+- glm-5.3-flash: the model's top-k geometry (index_topk 2048 = 512 pools of 4, the buffer 2176
+  wide, max_model_len 10240), a decode at 8,203 tokens (2,050 pools) before the mixed batch, and
+  the buffer filled by vLLM 0.33.0's pooled indexer op, sparse_attn_indexer_kpool, on our Triton
+  logits (pooled_indexer_chain.py beside this file: pooled logits -> top-512 pools ->
+  expand_pools_and_append_tail for the decode rows, its causal fill for the prefill; its rows
+  checked against float64 pooled logits there), then read by the attention as the model does.
 Reference: float64 MLA over the rows the writer returned (kv_c_out, k_pe_out) for the 16-bit cache,
 over the dequantised cache bytes (tests/fp8_ds_mla_reference.py) for fp8_ds_mla; the fp8 bytes are
 also checked against kv_c_out (e4m3 rounding bound).
@@ -34,7 +40,8 @@ Stand-ins: the toolkit's _selection_standins (compiled modules empty, CUDA platf
 8.6 mocked, cuda tensor factories -> meta); CUDA_VISIBLE_DEVICES="" so that vllm.triton_utils keeps
 Triton with no active GPU driver (its rule for distributed workers), the kernels then run in the
 interpreter; PIN_MEMORY False; the workspace manager on the CPU; the DSA indexer is a
-SimpleNamespace holding topk_indices_buffer, filled by this script; the tensor-parallel size the
+SimpleNamespace holding topk_indices_buffer, filled by this script (glm-5.3-flash: by the pooled
+indexer op, its own stand-ins said in pooled_indexer_chain.py); the tensor-parallel size the
 impl asks for (masked-MHA availability, sm100 only) answers 8 without a process group; the index
 group's CUDA streams and events are no-op stand-ins (_InOrder: the CPU runs ops in order).  bfloat16 is not run: the
 interpreter has no bfloat16 arithmetic (the kernel test module's bf16 cases give garbage there).
@@ -67,7 +74,8 @@ import torch  # noqa: E402
 import vllm.utils.torch_utils as torch_utils  # noqa: E402
 from fp8_ds_mla_reference import dequant_ds_mla, quantize_ds_mla, split_ds_mla  # noqa: E402
 from layer_interpret_common import (  # noqa: E402
-    BLOCK, DTYPE, GEOMETRY, INDEX_TOPK, LORA, WIDTH, batch, reference_layer, rel_err)
+    BLOCK, DECODE_MAX_QUERY, DTYPE, GEOMETRY, LORA, batch, geometry_batch, reference_layer, rel_err,
+    split)
 from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.model_executor.layers.attention import sparse_mla_attention  # noqa: E402
 from vllm.model_executor.layers.attention.mla_attention import MLAAttention  # noqa: E402
@@ -120,9 +128,14 @@ _k = importlib.util.spec_from_file_location(
 kernels = importlib.util.module_from_spec(_k)
 _k.loader.exec_module(kernels)  # by path: the package __init__ imports the whole CUDA model
 
+
 GEOMETRY = GEOMETRY[CASE]  # this case's heads, qk_nope, v_head, layer count (and rope: 0 for NoPE)
 ROPE = GEOMETRY.get("rope", 64)
 NOPE = ROPE == 0
+REQUESTS, INDEX_TOPK, WIDTH = geometry_batch(GEOMETRY)
+KPOOL = GEOMETRY.get("kpool")
+if KPOOL:  # GLM-5.3-Flash: its pooled indexer op fills the top-k buffer (pooled_indexer_chain.py)
+    import pooled_indexer_chain  # noqa: E402
 dev = torch.device("cpu")
 gen = torch.Generator().manual_seed(7)
 
@@ -134,7 +147,8 @@ def vllm_config(heads: int, kv_cache_dtype: str) -> VllmConfig:
         v_head_dim=GEOMETRY["v_head"], q_lora_rank=1536, num_attention_heads=heads * 8)
     cfg = VllmConfig()
     object.__setattr__(cfg, "model_config", types.SimpleNamespace(
-        hf_config=hf, hf_text_config=hf, dtype=DTYPE, max_model_len=4096, use_mla=True,
+        hf_config=hf, hf_text_config=hf, dtype=DTYPE,
+        max_model_len=GEOMETRY.get("max_model_len", 4096), use_mla=True,
         rswa_window=None, model_arch_config=types.SimpleNamespace(total_num_attention_heads=heads * 8),
         get_num_attention_heads=lambda parallel_config: heads))
     cfg.cache_config.cache_dtype = kv_cache_dtype
@@ -265,12 +279,49 @@ def counting_convert(*args, **kwargs):
 
 index_group_mod.triton_convert_req_index_to_global_index = counting_convert
 
+def check_pooled_topk(b, kv_cache_dtype):
+    """What the attention reads from the pooled indexer op's buffer (GLM-5.3-Flash): the
+    8,203-token decode's 512 pools of 2,050 (2,048 tokens, no hole) and its 3 tail tokens at
+    index_topk; rows with entries past index_topk after -1 holes; nothing past a row's position."""
+    topk, T = b["topk"], b["T"]
+    assert topk.shape[1] == WIDTH and (topk[T:] == -1).all()
+    row, L = topk[0], REQUESTS[0][1]
+    assert L > 4 * INDEX_TOPK and (row[:INDEX_TOPK] >= 0).all()
+    assert row[:INDEX_TOPK].unique().numel() == INDEX_TOPK
+    pools = (row[:INDEX_TOPK] // KPOOL).unique()
+    assert pools.numel() == INDEX_TOPK // KPOOL < L // KPOOL
+    assert row[INDEX_TOPK:INDEX_TOPK + 3].tolist() == list(range(L - L % KPOOL, L))
+    assert (row[INDEX_TOPK + 3:] == -1).all()
+    tails = holes = 0
+    for t in range(T):
+        r, pos = topk[t], b["pos"][t]
+        valid = r[r >= 0]
+        assert valid.max() <= pos and valid.unique().numel() == valid.numel()
+        tails += int((r[INDEX_TOPK:] >= 0).any())
+        holes += int(((r[:INDEX_TOPK] == -1).any() and (r[INDEX_TOPK:] >= 0).any()))
+    assert holes > 0
+    print(f"ok pooled topk {CASE} {kv_cache_dtype}: width {WIDTH}, index_topk {INDEX_TOPK}; "
+          f"the {L}-token decode: 512 of {L // KPOOL} pools + {L % KPOOL} tail tokens; "
+          f"{tails} rows with entries past index_topk, {holes} of them after -1 holes")
+
+
 failures = 0
 for kv_cache_dtype in ("auto", "fp8_ds_mla"):
     heads = GEOMETRY["heads"]
     cfg = vllm_config(heads, kv_cache_dtype)
-    b = batch(gen, CommonAttentionMetadata)
+    op_line = []
+
+    def fill_topk(requests, g):
+        buf_, line = pooled_indexer_chain.indexer_topk_buffer(TREE, requests, GEOMETRY, g,
+                                                              DECODE_MAX_QUERY)
+        op_line.append(line)
+        return buf_
+
+    b = batch(gen, CommonAttentionMetadata, GEOMETRY, fill_topk=fill_topk if KPOOL else None)
     buf = b["topk"]
+    if KPOOL:
+        print(f"ok pooled indexer op {CASE} {kv_cache_dtype}: {op_line[0]}")
+        check_pooled_topk(b, kv_cache_dtype)
     with set_current_vllm_config(cfg):
         spec = backend.TritonMLASparseBackend.customize_spec(MLAAttentionSpec(
             block_size=BLOCK, num_kv_heads=1, head_size=LORA + ROPE,
@@ -282,10 +333,11 @@ for kv_cache_dtype in ("auto", "fp8_ds_mla"):
         builder = backend.TritonMLASparseMetadataBuilder(
             spec, [f"layer.{i}" for i in range(GEOMETRY["layers"])], cfg, dev)
         md = builder.build(common_prefix_len=0, common_attn_metadata=b["cm"])
-        assert (md.num_decodes, md.num_prefills, md.num_decode_tokens) == (3, 1, 5), md
+        nd, npf, ndt = split(REQUESTS)
+        assert (md.num_decodes, md.num_prefills, md.num_decode_tokens) == (nd, npf, ndt), md
         assert md.prefill is None  # no dense MHA prefill backend: every token takes forward_mqa
         assert torch.equal(md.req_id_per_token[: b["T"]], torch.tensor(b["req"], dtype=torch.int32))
-        print(f"ok builder {CASE} {kv_cache_dtype}: num_decodes 3, num_prefills 1, "
+        print(f"ok builder {CASE} {kv_cache_dtype}: num_decodes {nd}, num_prefills {npf}, "
               f"reorder threshold {builder.reorder_batch_threshold}")
         group_builder = SparseMLAIndexGroupBuilder(buf)
         indexer = types.SimpleNamespace(topk_indices_buffer=buf)

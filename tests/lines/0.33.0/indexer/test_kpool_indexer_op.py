@@ -6,7 +6,10 @@ The pooled cache (one 132-byte entry per 4 tokens: a page's fp8 values,
 then its fp32 scales) is written by vLLM's own kpool writer on the software
 e4m3 encode; the op runs as the model calls it, with 16 index heads (no
 padding on this path) and the kpool block size (32 pools per 128-token
-block). What runs for real: the op's Python (chunk loop, pool-granular row
+block), index_topk 2048 (512 pools) into the 2176-wide top-k buffer: mixed
+batches of decodes and a chunked prefill at 2-3k tokens and past 8k tokens
+(up to 9,998: the top-512 pools of 2,000-2,500), and a padded MTP decode.
+What runs for real: the op's Python (chunk loop, pool-granular row
 bounds, the logits dispatch, the top-k calls, the padded-decode pack and
 unpack), the Triton logits kernels, the pool expansion with the tail
 (expand_pools_and_append_tail) and vLLM's pack/unpack kernels. Stood in: the
@@ -50,6 +53,7 @@ TOPK = 2048  # index_topk: 512 pools are selected
 SELECT = TOPK // KPOOL
 WIDTH = 2176  # the top-k buffer: round_up(TOPK + KPOOL - 1, 128)
 MAX_POOLS = 1024  # max_model_len 4096 tokens
+LONG_MAX_POOLS = 2560  # max_model_len 10240 tokens: the requests past 8k tokens
 PREFIX = "model.layers.0.self_attn.indexer.k_cache"
 LOGITS_TOL = 2e-6  # fp32 accumulation of exact fp8 products vs float64
 
@@ -122,14 +126,14 @@ def cache_views(kv):
     return codes, flat[:, PAGE * D:].view(torch.float32)
 
 
-def make_pooled_cache(lens, seed):
+def make_pooled_cache(lens, seed, max_pools=MAX_POOLS):
     """The pooled indexer cache (garbage outside the requests' entries),
     each request's complete pools in shuffled blocks: its first WRITTEN pools
     written by vLLM's kpool writer (software e4m3 encode), the others random
     finite fp8 codes and scales (the interpreter runs one writer program per
     pool); returns (cache, block table)."""
     g = torch.Generator().manual_seed(seed)
-    max_blocks = MAX_POOLS // PAGE
+    max_blocks = max_pools // PAGE
     nblocks = len(lens) * max_blocks + 3
     kv = torch.randint(0, 256, (nblocks, PAGE, D + 4), dtype=torch.uint8, generator=g)
     codes, scales = cache_views(kv)
@@ -169,7 +173,7 @@ def make_queries(T, seed):
     return quant_q(q, w, D ** -0.5, H ** -0.5)
 
 
-def run_op(meta, kv, q_fp8, w, positions, buf):
+def run_op(meta, kv, q_fp8, w, positions, buf, max_pools=MAX_POOLS):
     ctx = types.SimpleNamespace(attn_metadata={PREFIX: meta},
                                 cudagraph_runtime_mode=CUDAGraphMode.NONE)
     orig = ksi.get_forward_context
@@ -177,7 +181,7 @@ def run_op(meta, kv, q_fp8, w, positions, buf):
     try:
         return ksi.sparse_attn_indexer_kpool(
             torch.empty(q_fp8.shape[0], 8), PREFIX, kv, q_fp8, None, None, w,
-            128, "ue8m0", TOPK, D, MAX_POOLS, 4096, buf,
+            128, "ue8m0", TOPK, D, max_pools, 4 * max_pools, buf,
             True,  # skip_k_cache_insert: the cache is written above
             index_kpool=KPOOL, positions=positions, logits_backend="auto",
         )
@@ -212,17 +216,16 @@ def test_capability_80_takes_triton(rec):
         "triton", "DeepGEMM has no MQA-logits kernels for sm80")
 
 
-def test_mixed_batch_pooled_prefill_and_paged_decode(rec):
-    # 3 decode requests (3001, 2300 and 93 tokens), then 2 prefill requests
-    # in one chunk: the last 6 tokens of a 2203-token context (chunked
-    # prefill) and a whole 90-token prompt (its first rows see no pool)
-    dec_lens = [3001, 2300, 93]
-    pre_ctx, pre_q = [2203, 90], [6, 90]
+def run_mixed_batch(rec, dec_lens, pre_ctx, pre_q, seed, max_pools=MAX_POOLS):
+    """Decode requests of dec_lens tokens (one query each), then prefill
+    requests in one chunk: the last pre_q[i] tokens of a pre_ctx[i]-token
+    context each; the op's top-k buffer, every row checked against float64.
+    Returns the buffer (decode rows first)."""
     lens = dec_lens + pre_ctx
-    kv, bt = make_pooled_cache(lens, seed=1)
+    kv, bt = make_pooled_cache(lens, seed=seed, max_pools=max_pools)
     nd = len(dec_lens)
     T = nd + sum(pre_q)
-    q_fp8, w = make_queries(T, seed=2)
+    q_fp8, w = make_queries(T, seed=seed + 1)
     positions = [L - 1 for L in dec_lens]
     ks, ke, off, cu = [], [], 0, [0]
     for c, ql in zip(pre_ctx, pre_q):
@@ -239,7 +242,7 @@ def test_mixed_batch_pooled_prefill_and_paged_decode(rec):
     chunk = DeepseekV32IndexerPrefillChunkMetadata(
         block_table=bt[nd:], cu_seqlen_ks=ks, cu_seqlen_ke=ke, cu_seq_lens=cu,
         token_to_seq=torch.zeros(off, dtype=torch.int32), total_seq_lens=off,
-        max_seqlen_k=int((ke - ks).max()), token_start=nd, token_end=T, num_reqs=2,
+        max_seqlen_k=int((ke - ks).max()), token_start=nd, token_end=T, num_reqs=len(pre_ctx),
         local_cu_seq_lens=cu, local_total_seq_lens=off, max_local_total_seq_lens=off)
     decode = DeepSeekV32IndexerDecodeMetadata(
         block_table=bt[:nd],
@@ -249,11 +252,11 @@ def test_mixed_batch_pooled_prefill_and_paged_decode(rec):
     meta = DeepseekV32IndexerMetadata(
         seq_lens=torch.tensor(lens, dtype=torch.int32), max_seq_len=max(lens),
         slot_mapping=torch.zeros(T, dtype=torch.int64), num_decodes=nd,
-        num_decode_tokens=nd, num_prefills=2, num_prefill_tokens=T - nd,
+        num_decode_tokens=nd, num_prefills=len(pre_ctx), num_prefill_tokens=T - nd,
         prefill=DeepseekV32IndexerPrefillMetadata([chunk], max_prefill_seq_len=max(pre_ctx)),
         decode=decode)
     buf = torch.full((T, WIDTH), 7, dtype=torch.int32)
-    out = run_op(meta, kv, q_fp8, w, positions, buf)
+    out = run_op(meta, kv, q_fp8, w, positions, buf, max_pools)
     assert out is buf
 
     # prefill: the logits the top-k read, by absolute pool column, bounded
@@ -270,14 +273,47 @@ def test_mixed_batch_pooled_prefill_and_paged_decode(rec):
 
     # decode: the paged pooled logits against the float64 paged reference
     (dlogits, dlens), = rec.decode
-    assert dlogits.shape == (nd, MAX_POOLS)
+    assert dlogits.shape == (nd, max_pools)
     assert dlens.tolist() == [L // KPOOL for L in dec_lens]
     dref = ref_paged_mqa_logits(q_fp8[:nd].reshape(nd, 1, H, D), kv, w[:nd],
-                                decode.seq_lens, bt[:nd], MAX_POOLS)
+                                decode.seq_lens, bt[:nd], max_pools)
     masked = torch.where(torch.isfinite(dref), dlogits.double(), dref)
     assert rel_err(masked, dref) < LOGITS_TOL, rel_err(masked, dref)
     for r, L in enumerate(dec_lens):
         check_row(buf[r], dref[r, :L // KPOOL], L)
+    return buf
+
+
+def test_mixed_batch_pooled_prefill_and_paged_decode(rec):
+    # 3 decode requests (3001, 2300 and 93 tokens), then 2 prefill requests
+    # in one chunk: the last 6 tokens of a 2203-token context (chunked
+    # prefill) and a whole 90-token prompt (its first rows see no pool)
+    run_mixed_batch(rec, [3001, 2300, 93], [2203, 90], [6, 90], seed=1)
+
+
+def test_past_8k_tokens_the_pool_topk_drops_pools(rec):
+    """Requests past 8k tokens (max_model_len 10240: 2560 pools a row): a
+    decode at 8,203 tokens (2,050 complete pools, 3 tail tokens) and one at
+    9,998 (2,499 pools, 2 tail tokens), where the top-512 pools leave most
+    pools out, and a 517-token decode (129 pools: all taken, then -1 holes);
+    a chunk of a 41-token context's last 3 tokens, then the last 7 tokens of
+    an 8,195-token context (chunked prefill: its rows' pool counts 2,047 ->
+    2,048 across token 8,192, their tails 0-3 tokens, its columns starting
+    at the first request's 10 pools)."""
+    dec_lens, pre_ctx, pre_q = [8203, 9998, 517], [41, 8195], [3, 7]
+    buf = run_mixed_batch(rec, dec_lens, pre_ctx, pre_q, seed=5, max_pools=LONG_MAX_POOLS)
+    rows = {"decode 8203": (buf[0], 8203), "decode 9998": (buf[1], 9998)}
+    rows.update({f"prefill row {p}": (buf[len(dec_lens) + 3 + i], p + 1)
+                 for i, p in enumerate(range(8188, 8195))})
+    for what, (row, L) in rows.items():
+        hist = row[:TOPK]
+        # the selection drops pools: 512 of more than 2,000, each expanded to
+        # its 4 tokens, no hole; some reach past token 4096 (the old window)
+        assert L // KPOOL > 3 * SELECT and (hist >= 0).all(), what
+        assert int(hist.max()) >= 4096, what
+    small = buf[2, :TOPK]  # 129 pools < 512: every pool, then holes
+    assert sorted(small[small >= 0].tolist()) == list(range(4 * 129))
+    assert (small[4 * 129:] == -1).all()
 
 
 def test_padded_mtp_decode_packs_fp8_codes_as_bytes(rec):
