@@ -346,7 +346,7 @@ def run_mixed(llm, recorder, m: planmod.MixedWorkload, vocab: int, trace_dir: Pa
     rid = f"mixed{time.monotonic_ns()}"
     dec_ids = [f"{rid}-d{i}" for i in range(len(decodes))]
     for r, p in zip(dec_ids, decodes):
-        eng.add_request(r, {"prompt_token_ids": p}, params(m.decode_tokens))
+        eng.add_request(r, {"prompt_token_ids": p}, params(m.stream_tokens))
     tokens = dict.fromkeys(dec_ids, 0)
     added: dict[str, float] = {}
     latency: dict[str, float] = {}

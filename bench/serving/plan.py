@@ -111,8 +111,12 @@ class Workload:
 class MixedWorkload:
     """Decode streams running while prefills arrive (issue 34).
 
-    `decodes` requests of `decode_context` random prompt tokens are prefilled first,
-    then decode `decode_tokens` tokens each. After `lead` decode steps (decode-only steps,
+    `decodes` requests of `decode_context` random prompt tokens are prefilled first (the
+    ramp: the first of them decode while the last are prefilled), then decode. Decode
+    step 0 is the step that gives the last of them its first token; the measured phase is
+    decode steps 0 to `decode_tokens` - 1, and each stream asks for `stream_tokens` =
+    `decode_tokens` + `ramp_steps` tokens, so that none ends inside it (the decode batch
+    is `decodes` in every measured step). After `lead` decode steps (decode-only steps,
     the baseline) the prefills arrive, one every `every` decode steps, in a seeded order
     of the lengths in `prefills` (fresh random prompts, max_tokens=1: each leaves when
     its prefill is done, so the decode batch stays `decodes`). Arrivals come faster than
@@ -147,9 +151,20 @@ class MixedWorkload:
 
     @property
     def decode_tokens(self) -> int:
-        """Tokens each decode stream generates: lead + the mixed phase (x1.25 + 4 for
-        chunks that do not fill a step) + tail."""
+        """Measured decode steps: lead + the mixed phase (x1.25 + 4 for chunks that do not
+        fill a step) + tail."""
         return self.lead + int(self.mixed_steps * 1.25) + 4 + self.tail
+
+    @property
+    def ramp_steps(self) -> int:
+        """Steps between the first and the last decode stream's first token, at most (their
+        prompts at a step's budget less the tokens of the streams already decoding), + 2."""
+        return -(-self.decodes * self.decode_context // (MIXED_BATCHED_TOKENS - self.decodes)) + 2
+
+    @property
+    def stream_tokens(self) -> int:
+        """max_tokens of a decode stream."""
+        return self.decode_tokens + self.ramp_steps
 
     def arrivals(self) -> list[tuple[int, int]]:
         """(decode step, prompt length) of every prefill, in arrival order: the lengths of
@@ -162,7 +177,7 @@ class MixedWorkload:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self) | {"name": self.name, "kind": self.kind, "decode_tokens": self.decode_tokens,
-                                           "arrivals": self.arrivals()}
+                                           "stream_tokens": self.stream_tokens, "arrivals": self.arrivals()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,7 +224,7 @@ class CostModel:
         mixed one with eager per-layer host time), and its profiled window."""
         pre = self.prefill(w.decode_context, w.decodes, side, layers) + sum(
             self.prefill(n, 1, side, layers) for n in w.prefills)
-        steps = self.decode(w.decode_context, w.decodes, w.decode_tokens, side, layers)
+        steps = self.decode(w.decode_context, w.decodes, w.stream_tokens, side, layers)
         return pre + steps + w.mixed_steps * layers * self.eager_layer_s + self.profile_s
 
     def start(self, layers: int = 3) -> float:
@@ -359,7 +374,7 @@ def build_plan(models=MODELS, kv_caches=KV_CACHES, sides=SIDES, contexts=CONTEXT
 def max_model_len(plan: Plan) -> int:
     """Longest prompt + output, rounded up to a multiple of 256."""
     need = max([w.context + w.output_len for w in plan.workloads]
-               + [max(m.decode_context + m.decode_tokens, max(m.prefills) + 1) for m in plan.mixed])
+               + [max(m.decode_context + m.stream_tokens, max(m.prefills) + 1) for m in plan.mixed])
     if plan.workloads:
         need = max(need, max(c + n for c, _, n in WARMUP if c <= max(w.context for w in plan.workloads)))
     return -(-need // 256) * 256
@@ -371,7 +386,7 @@ def kv_tokens(plan: Plan) -> int:
     scheduler chunks them in arrival order; done ones leave, their cached blocks are
     evictable)."""
     return max([w.batch * (w.context + w.output_len + 64) for w in plan.workloads]
-               + [m.decodes * (m.decode_context + m.decode_tokens + 64) + 2 * max(m.prefills) for m in plan.mixed])
+               + [m.decodes * (m.decode_context + m.stream_tokens + 64) + 2 * max(m.prefills) for m in plan.mixed])
 
 
 def kv_cache_bytes(plan: Plan, model: str | None = None) -> int:
@@ -501,7 +516,7 @@ def render(plan: Plan, est: Estimate, cost: CostModel, run_args: str = "") -> st
         out = [f"plan {plan.plan_id()}: {len(plan.engines)} engines x {len(plan.mixed)} mixed workloads"]
     for m in plan.mixed:
         out.append(f"mixed workload {m.name}: {m.decodes} decode streams of {m.decode_context} prompt tokens, "
-                   f"{m.decode_tokens} tokens each; after {m.lead} decode steps {len(m.prefills)} prefills "
+                   f"{m.stream_tokens} tokens each, {m.decode_tokens} decode steps measured; after {m.lead} decode steps {len(m.prefills)} prefills "
                    f"(max_tokens 1), one every {m.every} decode steps: "
                    + ", ".join(f"{n} at step {a}" for a, n in m.arrivals())
                    + f"; >= {m.mixed_steps} mixed steps at max_num_batched_tokens {MIXED_BATCHED_TOKENS}; "

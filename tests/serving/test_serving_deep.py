@@ -71,7 +71,7 @@ def test_the_deep_engines_fit_an_h200_with_room_for_a_second():
         assert 4 < mem["weights"] < 8  # ~40M parameters per MoE layer, bf16
         assert mem["total"] <= planmod.H200_GIB and mem["fits_two"], mem
         # the budget holds every decode stream at full length and two 64k prefills in progress
-        need = (m.decodes * (m.decode_context + m.decode_tokens) + 2 * 65536) * layers * (1152 + 132)
+        need = (m.decodes * (m.decode_context + m.stream_tokens) + 2 * 65536) * layers * (1152 + 132)
         assert planmod.kv_cache_bytes(plan, model) >= need
     # a plan without deep models keeps the 3-layer budget of the first run (19 GiB)
     assert planmod.kv_cache_bytes(planmod.build_plan()) == 19 << 30
@@ -91,8 +91,11 @@ def test_the_arrivals_are_seeded_and_come_at_a_fixed_rate():
     per_step = planmod.MIXED_BATCHED_TOKENS - m.decodes
     assert sum(m.prefills) / (m.every * len(m.prefills)) > per_step
     assert m.mixed_steps >= math.ceil(sum(m.prefills) / per_step) >= 16
-    # each decode stream outlives the mixed phase: lead + mixed steps + tail
+    # each decode stream outlives the mixed phase: lead + mixed steps + tail, and the
+    # measured phase (no stream ends in it, though the first started ramp_steps earlier)
     assert m.decode_tokens >= m.lead + m.mixed_steps + m.tail
+    assert m.ramp_steps >= math.ceil(m.decodes * m.decode_context / planmod.MIXED_BATCHED_TOKENS)
+    assert m.stream_tokens == m.decode_tokens + m.ramp_steps
     assert m.name == "mixed-d32x4k-p6x4k-16k-64k-e2"
 
 
@@ -309,6 +312,10 @@ def test_the_mixed_driver_adds_each_prefill_at_its_decode_step_and_profiles_the_
     assert prof[0] == ("start", adds[0][0]), "the profile must start at the first arrival"
     assert figures["mixed_steps"] >= math.ceil(sum(m.prefills) / (8192 - 4)) - 1
     assert figures["decode_steps"] >= m.lead + m.tail - 2
+    measured = [s for s in rec.steps if s["phase"] == "measure"]
+    assert len(measured) == m.decode_tokens - 1 == figures["measured_steps"]
+    assert all(s["gen_reqs"] == m.decodes for s in measured), "a decode stream ended inside the measured phase"
+    assert all(loop.reqs[r]["max"] == m.stream_tokens for r in decode_ids)
     assert figures["mixed_step_p50_ms"] > figures["decode_step_p50_ms"]
     assert figures["arrivals"] == [[a, n] for a, n in m.arrivals()]
     assert all(x is not None and x >= 0 for x in figures["prefill_latency_s"]), "a prefill never finished"
