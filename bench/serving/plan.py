@@ -486,9 +486,13 @@ def sessions(est: Estimate, cost: CostModel = CostModel()) -> list[tuple[list[in
 
 def plan_tag(plan: Plan) -> str:
     """The manifest's folder suffix: '' for plans of throughput workloads (.e2e/serving-state,
-    as before), 'deep' for plans with mixed workloads (.e2e/serving-state-deep): a carried
-    manifest of another plan stops a call (exit 2), so the two never share a folder."""
-    return "deep" if plan.mixed else ""
+    as before), 'deep' for plans with mixed workloads on deep models only
+    (.e2e/serving-state-deep), 'mixed' for other plans with mixed workloads (e.g. the tiny
+    models on it, for contrast): a carried manifest of another plan stops a call (exit 2),
+    so these never share a folder."""
+    if not plan.mixed:
+        return ""
+    return "deep" if all(e.model in DEEP_MODELS for e in plan.engines) else "mixed"
 
 
 def device_calls(estimate: Estimate, budget_s: int = CALL_BUDGET_S, run_args: str = "", tag: str = "") -> list[str]:

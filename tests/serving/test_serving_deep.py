@@ -141,6 +141,9 @@ def test_the_deep_calls_fit_the_call_limit_and_are_split_into_sessions():
     assert all(t <= planmod.SESSION_BUDGET_S for _, t in ses)
     # the deep engines start slower and their work grows with the layers
     assert est.per_engine["glm5-deep-bf16kv-ours"] > est.per_engine["deepseek-v32-deep-bf16kv-ours"]
+    assert planmod.plan_tag(plan) == "deep" and planmod.plan_tag(planmod.build_plan()) == ""
+    tiny_mixed = planmod.build_plan(**dict(planmod.DEEP_ARGS, models=planmod.MODELS))
+    assert planmod.plan_tag(tiny_mixed) == "mixed" and tiny_mixed.plan_id() != plan.plan_id()
     calls = planmod.device_calls(est, run_args="--deep", tag=planmod.plan_tag(plan))
     assert all(".e2e/serving-state-deep" in c and c.endswith("BENCH_TAG=deep bash bench/serving/device-run.sh run "
                                                                "--deep") for c in calls[2:])
