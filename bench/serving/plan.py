@@ -367,8 +367,15 @@ def build_plan(models=MODELS, kv_caches=KV_CACHES, sides=SIDES, contexts=CONTEXT
     engines = tuple(Engine(m, kv, s) for m in models for kv in kv_caches for s in sides)
     workloads = tuple(Workload(c, b, output_len) for c in sorted(set(contexts)) for b in sorted(set(batches))) \
         if contexts and batches else ()
-    return Plan(engines, workloads, tuple(b for b in profile_batches if b in batches),
+    plan = Plan(engines, workloads, tuple(b for b in profile_batches if b in batches),
                 tuple(MIXED[n] for n in mixed))
+    for m in models:
+        need = memory_gib(plan, m)
+        if need["total"] > H200_GIB:
+            raise PlanError(f"{m}: ~{need['total']:.0f} GiB of GPU memory (KV {need['kv']:.0f} GiB for "
+                            f"{kv_tokens(plan)} tokens x {model_layers(m)} layers) does not fit an H200's "
+                            f"{H200_GIB} GiB: fewer or shorter workloads (the deep models run the mixed workload)")
+    return plan
 
 
 def max_model_len(plan: Plan) -> int:

@@ -128,6 +128,8 @@ def test_the_deep_plan_runs_the_mixed_workload_on_the_deep_models_only():
         planmod.build_plan(contexts=[], mixed=[])
     with pytest.raises(planmod.PlanError, match="unknown mixed"):
         planmod.build_plan(mixed=["bursty"])
+    with pytest.raises(planmod.PlanError, match="does not fit an H200"):
+        planmod.build_plan(models=["glm5-deep"])  # 64 x 64k tokens x 78 layers
 
 
 def test_the_deep_calls_fit_the_call_limit_and_are_split_into_sessions():
