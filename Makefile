@@ -195,8 +195,12 @@ test-e2e-pieces:
 # lent GPU), within a call's time limit (exit 10: call again). BENCH_E2E_ARGS: bench_serving.py.
 # The rest runs here (CPU): the plan and time estimate, results.json + table + plot from a
 # run's manifest (BENCH_STATE), and the GLM-5 TP 8 share calculator.
+# BENCH_TAG: another plan's manifest apart (deep: the plan of `BENCH_E2E_ARGS=--deep`, manifest in
+# .e2e/serving-state-deep, tables in bench/serving/deep; device-run.sh reads the same variable).
 BENCH_E2E_ARGS ?=
-BENCH_STATE    ?= .e2e/serving-state/state.json
+BENCH_TAG      ?=
+BENCH_SUFFIX   := $(if $(BENCH_TAG),-$(BENCH_TAG))
+BENCH_STATE    ?= .e2e/serving-state$(BENCH_SUFFIX)/state.json
 BENCH_FROM     ?=
 BENCH_COMMAND  ?=
 .PHONY: bench-e2e bench-e2e-pieces bench-e2e-plan bench-e2e-keep bench-e2e-report bench-e2e-share
@@ -207,17 +211,17 @@ bench-e2e-pieces:
 	bash bench/serving/device-run.sh run $(BENCH_E2E_ARGS)
 
 bench-e2e-plan: $(STAMP)
-	$(BIN)/python bench/serving/plan.py
+	$(BIN)/python bench/serving/plan.py $(BENCH_E2E_ARGS)
 
 # Keep a device call's manifest (BENCH_FROM: the folder its files came back to) for the
 # next call to carry (.e2e/serving-state) and for bench-e2e-report.
 bench-e2e-keep: $(STAMP)
 	@test -n "$(BENCH_FROM)" || { echo "error: BENCH_FROM=<folder holding the call's state.json>" >&2; exit 2; }
-	$(BIN)/python bench/serving/keep_state.py "$(BENCH_FROM)" .e2e/serving-state
+	$(BIN)/python bench/serving/keep_state.py "$(BENCH_FROM)" .e2e/serving-state$(BENCH_SUFFIX)
 
 bench-e2e-report: $(STAMP)
-	$(BIN)/python bench/serving/report.py --state "$(BENCH_STATE)" --out bench/serving \
-	  $(if $(wildcard .e2e/serving-state/env.txt),--env .e2e/serving-state/env.txt) \
+	$(BIN)/python bench/serving/report.py --state "$(BENCH_STATE)" --out bench/serving$(if $(BENCH_TAG),/$(BENCH_TAG)) \
+	  $(if $(wildcard .e2e/serving-state$(BENCH_SUFFIX)/env.txt),--env .e2e/serving-state$(BENCH_SUFFIX)/env.txt) \
 	  $(if $(BENCH_COMMAND),--command "$(BENCH_COMMAND)")
 
 bench-e2e-share: $(STAMP)

@@ -15,6 +15,12 @@ benchmark code: `vllm.benchmarks.throughput._run_vllm_requests` (the function
               (profiler_config, torch.profiler) over whole decode steps, broken down
               by bench/serving/profile_breakdown.py
 
+A mixed workload (plan.MixedWorkload, `--deep`) instead drives the engine step by step
+(`LLMEngine.add_request` / `step`): decode streams, then prefills arriving at fixed
+decode steps; every engine step's duration (the decode streams' inter-token latency)
+and composition (vLLM's iteration details: context tokens, generation requests) are
+kept, and the worker profiler records PROFILE_ITERS mixed steps (GPU busy vs idle).
+
 CUDA graphs on (vLLM's default mode, capture sizes = the batches), MTP off, prefix
 caching on (the decode call needs it), chunked prefill at vLLM's default budget.
 
@@ -72,12 +78,12 @@ def profiler_config(trace_dir: str) -> dict:
 
 def engine_kwargs(engine: planmod.Engine, plan: planmod.Plan, trace_dir: str) -> dict:
     """The vllm.LLM(...) arguments of one engine."""
-    batches = sorted({w.batch for w in plan.workloads} | {b for _, b, _ in planmod.WARMUP})
+    batches = plan.batches()
     kw = dict(model=str(planmod.MODEL_DIRS[engine.model]), dtype=planmod.MODEL_DTYPE,
               load_format="e2e_dummy", skip_tokenizer_init=True, seed=SEED,
-              max_model_len=planmod.max_model_len(plan), max_num_seqs=max(batches),
+              max_model_len=planmod.max_model_len(plan), max_num_seqs=plan.max_num_seqs(),
               enable_prefix_caching=True, disable_log_stats=False,
-              kv_cache_memory_bytes=planmod.kv_cache_bytes(plan),
+              kv_cache_memory_bytes=planmod.kv_cache_bytes(plan, engine.model if plan.mixed else None),
               # vLLM's default compilation and CUDA-graph mode (FULL_AND_PIECEWISE);
               # capture only the batch sizes that decode here, to keep start-up short.
               compilation_config={"cudagraph_capture_sizes": batches},
@@ -85,6 +91,11 @@ def engine_kwargs(engine: planmod.Engine, plan: planmod.Plan, trace_dir: str) ->
               profiler_config=profiler_config(trace_dir))
     if engine.kv_cache_dtype != "auto":
         kw["kv_cache_dtype"] = engine.kv_cache_dtype
+    if plan.mixed:
+        # the serving chunk size; each step's composition and time in the stats (EngineCore
+        # attaches SchedulerIterationDetails to the stats of every step)
+        kw["max_num_batched_tokens"] = planmod.MIXED_BATCHED_TOKENS
+        kw["enable_logging_iteration_details"] = True
     return kw
 
 
@@ -124,43 +135,76 @@ def scale_from(state: dict) -> float:
     cost = planmod.CostModel()
     est = meas = 0.0
     for rec in state["items"].values():
+        if rec.get("kind") == "mixed":  # its estimate and wall time, recorded with it
+            if rec.get("est_s") and rec.get("s"):
+                est += rec["est_s"]
+                meas += rec["s"]
+            continue
         w = planmod.Workload(rec["context"], rec["batch"], rec["output_len"])
-        est += cost.workload(w, rec["side"])
+        est += cost.workload(w, rec["side"], planmod.model_layers(rec["model"]) if rec.get("model") in
+                             planmod.MODEL_DIRS else 3)
         meas += rec["prefill"]["elapsed_s"] + rec["decode"]["elapsed_s"]
     return min(max(meas / est, 0.25), 10.0) if est > 0 else 1.0
 
 
-def start_estimate(state: dict) -> float:
-    """Start-up seconds: the longest measured so far, else the cost model's."""
-    seen = [s["init_s"] for e in state["engines"].values() for s in e["starts"] if s.get("init_s")]
-    return max(seen) if seen else planmod.CostModel().start_s
+def start_estimate(state: dict, engine=None) -> float:
+    """Start-up seconds: the longest measured so far (of engines of the same model, when
+    `engine` is given: a deep model starts slower), else the cost model's."""
+    def model_of(name: str) -> str:
+        return next((m for m in sorted(planmod.ALL_MODELS, key=len, reverse=True) if name.startswith(m + "-")), "")
+
+    seen = [s["init_s"] for n, e in state["engines"].items() for s in e["starts"] if s.get("init_s")
+            and (engine is None or model_of(n) == engine.model)]
+    layers = planmod.model_layers(engine.model) if engine is not None else 3
+    return max(seen) if seen else planmod.CostModel().start(layers)
 
 
-def engine_estimate(engine, todo, todo_profiles, state) -> float:
+def engine_estimate(engine, todo, todo_profiles, state, plan=None) -> float:
     cost = planmod.CostModel()
     k = scale_from(state)
-    work = cost.warmup(engine.side) + sum(cost.workload(w, engine.side) for w in todo)
-    return SAFETY * (start_estimate(state) + k * work + len(todo_profiles) * cost.profile_s + cost.stop_s)
+    layers = planmod.model_layers(engine.model)
+    warm = plan.warmup() if plan is not None else planmod.WARMUP
+    work = cost.warmup(engine.side, layers, warm) + sum(cost.workload(w, engine.side, layers) for w in todo)
+    return SAFETY * (start_estimate(state, engine) + k * work + len(todo_profiles) * cost.profile_s + cost.stop_s)
 
 
-def min_start_need(state) -> float:
+def min_start_need(state, engine=None, plan=None) -> float:
     """The least an engine start needs to be worth it: start-up, warm-up, one small workload."""
     cost = planmod.CostModel()
-    return SAFETY * (start_estimate(state) + cost.warmup("ours") + cost.stop_s + 5.0)
+    layers = planmod.model_layers(engine.model) if engine is not None else 3
+    warm = plan.warmup() if plan is not None else planmod.WARMUP
+    return SAFETY * (start_estimate(state, engine) + cost.warmup("ours", layers, warm) + cost.stop_s + 5.0)
 
 
 # ---------------------------------------------------------------- the engine process
 
 class _StepRecorder:
-    """A stat logger (vLLM's StatLoggerBase interface) keeping every inter-token latency."""
+    """A stat logger (vLLM's StatLoggerBase interface) keeping every inter-token latency,
+    and, while `steps_on`, one entry per engine step (metrics.step_figures): the step's
+    duration (the smallest inter-token latency of its outputs: a decode stream's, the time
+    since the step before, engine-core clock) and its composition (vLLM's iteration
+    details, when the engine attaches them), tagged with the driver's `phase`."""
 
     def __init__(self):
         self.on = False
         self.itls: list[float] = []
+        self.steps_on = False
+        self.steps: list[dict] = []
+        self.phase = "ramp"
+        self.pending = False  # a prefill of the mixed workload is queued or running
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
         if self.on and iteration_stats is not None:
             self.itls.extend(float(x) for x in iteration_stats.inter_token_latencies_iter)
+        if self.steps_on and iteration_stats is not None:
+            itl = [float(x) for x in iteration_stats.inter_token_latencies_iter]
+            d = getattr(scheduler_stats, "iteration_details", None)
+            self.steps.append({"phase": self.phase, "step_s": min(itl) if itl else None, "n_itl": len(itl),
+                               "ctx_tokens": getattr(d, "num_ctx_tokens", None),
+                               "ctx_reqs": getattr(d, "num_ctx_requests", None),
+                               "gen_reqs": getattr(d, "num_generation_requests", None),
+                               "iteration": getattr(d, "iteration_index", None),
+                               "wait_ms": getattr(d, "elapsed_ms", None), "prefill_pending": self.pending})
 
     def log(self):
         pass
@@ -239,29 +283,114 @@ def run_workload(llm, drive, SampleRequest, recorder, w: planmod.Workload, vocab
     return {"prefill": pre, "decode": dec}
 
 
+def _traces(trace_dir: Path) -> set:
+    return set(trace_dir.glob("*.pt.trace.json*"))
+
+
+def _breakdown_new_trace(trace_dir: Path, before: set, keep: Path, name: str) -> dict:
+    """The trace the profiler wrote since `before`, moved to keep/, broken down (buckets and
+    the GPU's idle time, profile_breakdown)."""
+    new = sorted(_traces(trace_dir) - before, key=lambda p: p.stat().st_mtime)
+    if not new:
+        raise RuntimeError(f"the profiler wrote no trace into {trace_dir}")
+    keep.mkdir(parents=True, exist_ok=True)
+    trace = shutil.move(str(new[-1]), keep / f"{name}.pt.trace.json.gz")
+    table = trace_dir / "profiler_out_0.txt"
+    if table.is_file():
+        shutil.copyfile(table, keep / f"{name}.profiler_out_0.txt")
+    out = profile_breakdown.breakdown_file(Path(trace), planmod.PROFILE_ITERS,
+                                           keep_timeline=keep / f"{name}.gpu-timeline.json.gz")
+    out["trace_bytes"] = Path(trace).stat().st_size
+    return out
+
+
 def run_profile(llm, drive, SampleRequest, w: planmod.Workload, vocab: int, trace_dir: Path, keep: Path) -> dict:
     """Profile whole decode steps of workload w's prompts (cached first by a 1-token call)."""
     prompts = make_prompts(vocab, w.context, w.batch, "measure")
     drive(llm, _requests(SampleRequest, prompts, 1))
-    before = set(trace_dir.glob("*.pt.trace.json*"))
+    before = _traces(trace_dir)
     steps = planmod.PROFILE_ITERS
     llm.start_profile()
     try:
         drive(llm, _requests(SampleRequest, prompts, planmod.PROFILE_DELAY_ITERS + steps + 3))
     finally:
         llm.stop_profile()
-    new = sorted(set(trace_dir.glob("*.pt.trace.json*")) - before, key=lambda p: p.stat().st_mtime)
-    if not new:
-        raise RuntimeError(f"the profiler wrote no trace into {trace_dir}")
-    keep.mkdir(parents=True, exist_ok=True)
-    trace = shutil.move(str(new[-1]), keep / f"{w.name}.pt.trace.json.gz")
-    table = trace_dir / "profiler_out_0.txt"
-    if table.is_file():
-        shutil.copyfile(table, keep / f"{w.name}.profiler_out_0.txt")
-    out = profile_breakdown.breakdown_file(Path(trace), steps,
-                                           keep_timeline=keep / f"{w.name}.gpu-timeline.json.gz")
-    out.update(context=w.context, batch=w.batch, trace_bytes=Path(trace).stat().st_size)
+    out = _breakdown_new_trace(trace_dir, before, keep, w.name)
+    out.update(context=w.context, batch=w.batch)
     return out
+
+
+def mixed_prompts(m: planmod.MixedWorkload, vocab: int) -> tuple[list[list[int]], list[tuple[int, list[int]]]]:
+    """The decode streams' prompts and (arrival step, prompt) of every prefill: seeded by
+    the workload (the same on every engine; fresh, so no prefix-cache hit)."""
+    decodes = make_prompts(vocab, m.decode_context, m.decodes, f"mixed-decode/{m.seed}")
+    prefills = [(a, make_prompts(vocab, n, 1, f"mixed-prefill/{m.seed}/{i}")[0])
+                for i, (a, n) in enumerate(m.arrivals())]
+    return decodes, prefills
+
+
+def run_mixed(llm, recorder, m: planmod.MixedWorkload, vocab: int, trace_dir: Path, keep: Path,
+              deadline: float) -> tuple[dict, dict]:
+    """Decode streams, then the prefills at their decode steps, through vLLM's engine
+    loop (LLMEngine.add_request / step). Returns the step figures and the profile of
+    PROFILE_ITERS steps from the first arrival on (vLLM's worker profiler; its
+    delay_iterations put the window inside the mixed phase)."""
+    from vllm import SamplingParams
+
+    eng = llm.llm_engine
+
+    def params(n: int):
+        return SamplingParams(n=1, temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=n, detokenize=False)
+
+    decodes, prefills = mixed_prompts(m, vocab)
+    rid = f"mixed{time.monotonic_ns()}"
+    dec_ids = [f"{rid}-d{i}" for i in range(len(decodes))]
+    for r, p in zip(dec_ids, decodes):
+        eng.add_request(r, {"prompt_token_ids": p}, params(m.stream_tokens))
+    tokens = dict.fromkeys(dec_ids, 0)
+    added: dict[str, float] = {}
+    latency: dict[str, float] = {}
+    nxt, profiled, step = 0, False, -1
+    before = _traces(trace_dir)
+    recorder.steps, recorder.steps_on, recorder.phase, recorder.pending = [], True, "ramp", False
+    t0 = time.perf_counter()
+    try:
+        while eng.has_unfinished_requests():
+            if time.time() > deadline:
+                raise TimeoutError(f"{m.name}: the call's deadline came at decode step {step}")
+            for o in eng.step():
+                if o.request_id in tokens:
+                    tokens[o.request_id] = len(o.outputs[0].token_ids)
+                elif o.request_id in added and o.finished:
+                    latency[o.request_id] = time.perf_counter() - added[o.request_id]
+            # decode steps: every stream has its first token, then one per step
+            step = min(tokens.values()) - 1
+            if step >= 0 and recorder.phase == "ramp":
+                recorder.phase = "measure"
+            if min(tokens.values()) >= m.decode_tokens:
+                recorder.phase = "after"
+            while nxt < len(prefills) and step >= prefills[nxt][0]:
+                r = f"{rid}-p{nxt}"
+                added[r] = time.perf_counter()
+                eng.add_request(r, {"prompt_token_ids": prefills[nxt][1]}, params(1))
+                nxt += 1
+                if not profiled:
+                    llm.start_profile()
+                    profiled = True
+            recorder.pending = len(latency) < nxt
+    finally:
+        recorder.steps_on = False
+        if profiled:
+            llm.stop_profile()
+    wall = time.perf_counter() - t0
+    figures = metrics.step_figures(recorder.steps)
+    figures.update(wall_s=wall, arrivals=[[a, len(p)] for a, p in prefills],
+                   prefill_latency_s=[round(latency[f"{rid}-p{i}"], 6) if f"{rid}-p{i}" in latency else None
+                                      for i in range(len(prefills))],
+                   steps=recorder.steps)
+    prof = _breakdown_new_trace(trace_dir, before, keep, m.name) if profiled else {"ok": False,
+                                                                                    "why": "no prefill arrived"}
+    return figures, prof
 
 
 def _child(target, job: dict, result_dir: str) -> None:
@@ -307,6 +436,7 @@ def engine_main(job: dict, result_dir: str) -> None:
     plan = planmod.build_plan(**job["plan_args"])
     engine = planmod.Engine(**job["engine"])
     todo = [planmod.Workload(**w) for w in job["todo"]]
+    todo_mixed = [m for m in plan.mixed if m.name in job.get("todo_mixed", [])]
     todo_profiles = [planmod.Workload(**w) for w in job["todo_profiles"]]
     deadline, scale = job["deadline"], job["scale"]
     cost = planmod.CostModel()
@@ -345,7 +475,7 @@ def engine_main(job: dict, result_dir: str) -> None:
         vocab = cfg.model_config.hf_text_config.vocab_size
         emit("driver", name=driver_name)
         t = time.perf_counter()
-        for c, b, n in planmod.WARMUP:
+        for c, b, n in plan.warmup():
             if c <= planmod.max_model_len(plan) - n:
                 drive(llm, _requests(SampleRequest, make_prompts(vocab, c, b, "warmup"), n))
         emit("warmup", s=time.perf_counter() - t)
@@ -368,6 +498,20 @@ def engine_main(job: dict, result_dir: str) -> None:
                 except Exception as exc:  # a profile failure never loses the figures
                     emit("profile", workload=w.name, ok=False, why=f"{type(exc).__name__}: {exc}")
                     traceback.print_exc()
+        layers = planmod.model_layers(engine.model)
+        for m in todo_mixed:
+            est = cost.mixed(m, engine.side, layers)
+            if time.time() + SAFETY * scale * est > deadline:
+                emit("stopped", at=m.name, why="deadline")
+                break
+            t = time.perf_counter()
+            try:
+                figures, prof = run_mixed(llm, recorder, m, vocab, rdir / "traces", rdir / "profiles", deadline)
+            except TimeoutError:  # the estimate was short: the workload runs again next call
+                emit("stopped", at=m.name, why="deadline (inside the workload)")
+                break
+            emit("item", workload=m.name, workload_kind="mixed", s=time.perf_counter() - t, est_s=est, mixed=figures)
+            emit("profile", workload=m.name, workload_kind="mixed", **prof)
     except SystemExit:
         pass
     except BaseException as exc:
@@ -420,7 +564,7 @@ def read_records(path: Path) -> list[dict]:
 def apply_records(state: dict, engine: planmod.Engine, plan: planmod.Plan, records: list[dict],
                   call: int, started: str, wall_s: float, killed: bool) -> str | None:
     """Fold one engine start's records into the manifest; the failure text, if any."""
-    by_name = {w.name: w for w in plan.workloads}
+    by_name = {w.name: w for w in plan.all_workloads()}
     start = {"started": started, "wall_s": round(wall_s, 1), "killed": killed}
     failure = None
     for r in records:
@@ -434,6 +578,12 @@ def apply_records(state: dict, engine: planmod.Engine, plan: planmod.Plan, recor
             state["engines"][engine.name]["meta"]["driver"] = r.get("name")
         elif kind == "warmup":
             start["warmup_s"] = r.get("s")
+        elif kind == "item" and r.get("workload_kind") == "mixed":
+            w = by_name[r["workload"]]
+            st.add_item(state, engine.name, w.name, {
+                "engine": engine.name, "model": engine.model, "side": engine.side, "kv_cache": engine.kv_cache,
+                "backend": engine.backend, "indexer": engine.indexer, "kind": "mixed", "workload": w.name,
+                "mixed": r["mixed"], "s": r.get("s"), "est_s": r.get("est_s"), "call": call})
         elif kind == "item":
             w = by_name[r["workload"]]
             st.add_item(state, engine.name, w.name, {
@@ -482,14 +632,14 @@ def run(args, plan: planmod.Plan) -> int:
     code = EXIT_OK
     ctx = mp.get_context("spawn")
     for engine, todo, todo_profiles in st.pending(state, plan):
-        need = engine_estimate(engine, todo, todo_profiles, state)
+        need = engine_estimate(engine, todo, todo_profiles, state, plan)
         left = args.deadline - time.time()
         # An engine too long for what is left waits for the next call, unless this call has
         # run nothing yet: then it runs what fits (its child stops at the deadline) and the
         # rest resumes next call.
-        if need > left and not entry["engines"] and min_start_need(state) > left:
+        if need > left and not entry["engines"] and min_start_need(state, engine, plan) > left:
             print(f"error: [call {call}] {engine.name}: even a start with one workload needs "
-                  f"~{min_start_need(state):.0f} s, the call has {left:.0f} s: give the call more time "
+                  f"~{min_start_need(state, engine, plan):.0f} s, the call has {left:.0f} s: give the call more time "
                   "(BENCH_BUDGET_S, timeout_s) or look at the start-up in the engine logs", flush=True)
             code = EXIT_FAILED
             break
@@ -501,7 +651,9 @@ def run(args, plan: planmod.Plan) -> int:
         if rdir.exists():
             shutil.rmtree(rdir)
         job = {"engine": {"model": engine.model, "kv_cache": engine.kv_cache, "side": engine.side},
-               "plan_args": args.plan_args, "todo": [vars(w) for w in todo],
+               "plan_args": args.plan_args,
+               "todo": [vars(w) for w in todo if isinstance(w, planmod.Workload)],
+               "todo_mixed": [w.name for w in todo if isinstance(w, planmod.MixedWorkload)],
                "todo_profiles": [vars(w) for w in todo_profiles], "env": engine_env(engine),
                "deadline": args.deadline - KILL_MARGIN_S, "scale": scale_from(state)}
         started = st.now_iso()
@@ -521,8 +673,8 @@ def run(args, plan: planmod.Plan) -> int:
                                 time.time() - t0, killed)
         entry["engines"].append(engine.name)
         save()
-        done = sum(1 for w in plan.workloads if st.item_key(engine.name, w.name) in state["items"])
-        print(f"[call {call}] done {engine.name}: {done}/{len(plan.workloads)} workloads, "
+        done = sum(1 for w in plan.all_workloads() if st.item_key(engine.name, w.name) in state["items"])
+        print(f"[call {call}] done {engine.name}: {done}/{len(plan.all_workloads())} workloads, "
               f"{time.time() - t0:.0f} s" + (f"; FAILED: {failure}" if failure else "")
               + ("; killed at the deadline" if killed else ""), flush=True)
         if failure and not args.keep_going:
@@ -544,10 +696,10 @@ def progress(state: dict, plan: planmod.Plan) -> str:
     """One line per engine: workloads and profiles done, failures; what the next call does."""
     lines = [f"plan {plan.plan_id()}, call {state['calls'][-1]['call'] if state['calls'] else 0}:"]
     for e in plan.engines:
-        done = sum(1 for w in plan.workloads if st.item_key(e.name, w.name) in state["items"])
+        done = sum(1 for w in plan.all_workloads() if st.item_key(e.name, w.name) in state["items"])
         prof = sum(1 for w in plan.profiles_for(e) if st.item_key(e.name, w.name) in state["profiles"])
         fail = state["engines"].get(e.name, {}).get("failed")
-        lines.append(f"  {e.name:34s} workloads {done}/{len(plan.workloads)} profiles "
+        lines.append(f"  {e.name:34s} workloads {done}/{len(plan.all_workloads())} profiles "
                      f"{prof}/{len(plan.profiles_for(e))}" + (f"  FAILED: {fail}" if fail else ""))
     left = st.pending(state, plan)
     lines.append("complete" if not left else f"pending: {', '.join(e.name for e, _, _ in left)}")
@@ -559,7 +711,7 @@ def dry_run(plan: planmod.Plan) -> dict:
     return {"plan_id": plan.plan_id(), "driver": DRIVER,
             "engines": [{"name": e.name, "env": engine_env(e),
                          "llm_kwargs": engine_kwargs(e, plan, "<engine dir>/traces"),
-                         "workloads": [w.name for w in plan.workloads],
+                         "workloads": [w.name for w in plan.all_workloads()],
                          "profiles": [w.name for w in plan.profiles_for(e)]} for e in plan.engines]}
 
 
@@ -572,22 +724,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="a manifest carried from an earlier call (merged with the machine's)")
     ap.add_argument("--deadline", type=float, default=None, help="epoch seconds; default now + --budget-s")
     ap.add_argument("--budget-s", type=float, default=planmod.CALL_BUDGET_S)
-    ap.add_argument("--models", nargs="+", default=list(planmod.MODELS))
-    ap.add_argument("--kv-caches", nargs="+", default=list(planmod.KV_CACHES))
-    ap.add_argument("--sides", nargs="+", default=list(planmod.SIDES))
-    ap.add_argument("--contexts", nargs="+", type=int, default=list(planmod.CONTEXTS))
-    ap.add_argument("--batches", nargs="+", type=int, default=list(planmod.BATCHES))
-    ap.add_argument("--output-len", type=int, default=planmod.OUTPUT_LEN)
-    ap.add_argument("--profile-batches", nargs="*", type=int, default=list(planmod.PROFILE_BATCHES),
-                    help="batches whose decode step is profiled at 64k context (none: no profile)")
+    planmod.add_plan_options(ap)
     ap.add_argument("--reset", action="store_true", help="ignore any manifest and start over")
     ap.add_argument("--retry-failed", action="store_true", help="run engines marked failed again")
     ap.add_argument("--keep-going", action="store_true", help="go on with the next engine after a failure")
     ap.add_argument("--dry-run", action="store_true", help="print the engines' arguments and exit (no vLLM)")
     args = ap.parse_args(argv)
-    args.plan_args = {"models": args.models, "kv_caches": args.kv_caches, "sides": args.sides,
-                      "contexts": args.contexts, "batches": args.batches, "output_len": args.output_len,
-                      "profile_batches": args.profile_batches}
+    args.plan_args = planmod.plan_args(args)
     if args.deadline is None:
         args.deadline = time.time() + args.budget_s
     return args

@@ -6,6 +6,8 @@
 #                                                   then bench/serving/bench_serving.py ARGS
 # BENCH_BUDGET_S (default 560): the runner starts no engine it cannot finish within that
 # many seconds of this script's start; a call limit of 600 s leaves 40 s to pack $OUT.
+# BENCH_TAG (default none): the manifest of another plan apart, e.g. BENCH_TAG=deep with
+# --deep: /tmp/smla-bench-deep on the machine, .e2e/serving-state-deep carried (plan.plan_tag).
 # Exit: 0 all done, 10 more to do (make the same call again), 3 an engine failed or used
 # the wrong kernels, 2 usage / manifest of another plan, 20-22 bundle pieces (device_pieces.py).
 set -euo pipefail
@@ -25,13 +27,14 @@ gpus=$(nvidia-smi -L | wc -l)
 budget=${BENCH_BUDGET_S:-560}
 # No pipe (| tee): processes an engine leaves behind would hold it open.
 set +e
-python3 bench/serving/bench_serving.py --out "$out" --state-dir /tmp/smla-bench \
-  --carried-state .e2e/serving-state --deadline $((t0 + budget)) "$@" > "$out/run.log" 2>&1
+tag=${BENCH_TAG:+-$BENCH_TAG}
+python3 bench/serving/bench_serving.py --out "$out" --state-dir "/tmp/smla-bench$tag" \
+  --carried-state ".e2e/serving-state$tag" --deadline $((t0 + budget)) "$@" > "$out/run.log" 2>&1
 rc=$?
 set -e
 cat "$out/run.log"
 # Engine logs and the profiler's tables, one archive (traces stay on the machine: size).
-tar -C /tmp/smla-bench -cJf "$out/engine-logs.tar.xz" --exclude='*.pt.trace.json*' --exclude=state.json engines \
+tar -C "/tmp/smla-bench$tag" -cJf "$out/engine-logs.tar.xz" --exclude='*.pt.trace.json*' --exclude=state.json engines \
   2>/dev/null || true
 echo "call wall $(( $(date +%s) - t0 )) s, exit $rc"
 exit "$rc"

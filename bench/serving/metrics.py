@@ -79,3 +79,36 @@ def check_itls(itls_s: list[float], requests: list[dict]) -> str | None:
     if any(not (x > 0) for x in itls_s):
         return "an inter-token latency <= 0"
     return None
+
+
+def step_figures(steps: list[dict]) -> dict:
+    """A mixed workload's engine steps (bench_serving._StepRecorder entries) -> figures.
+
+    A step is one engine-core output batch holding a decode stream's token; its time
+    `step_s` is the smallest inter-token latency in it (vLLM's
+    IterationStats.inter_token_latencies_iter: engine-core time since the stream's token
+    of the step before, i.e. the step's duration). Steps of the measured phase only
+    (every decode stream has its first token, none has its last). A step is *mixed* when
+    vLLM's iteration details give it context (prefill) tokens; without iteration details
+    (`ctx_tokens` None) when a prefill of the workload was queued or running
+    (`prefill_pending`); otherwise *decode-only*. Percentiles: numpy's linear rule.
+    """
+    measured = [s for s in steps if s.get("phase") == "measure" and s.get("step_s")]
+    by_details = bool(measured) and all(s.get("ctx_tokens") is not None for s in measured)
+
+    def is_mixed(s: dict) -> bool:
+        return (s["ctx_tokens"] or 0) > 0 if by_details else bool(s.get("prefill_pending"))
+
+    out: dict = {"classified_by": "iteration_details" if by_details else "prefill_pending",
+                 "measured_steps": len(measured)}
+    for label, group in (("mixed", [s for s in measured if is_mixed(s)]),
+                         ("decode", [s for s in measured if not is_mixed(s)])):
+        ms = [1e3 * s["step_s"] for s in group]
+        out[f"{label}_steps"] = len(ms)
+        out[f"{label}_step_p50_ms"] = percentile(ms, 50)
+        out[f"{label}_step_p90_ms"] = percentile(ms, 90)
+        out[f"{label}_step_mean_ms"] = sum(ms) / len(ms) if ms else math.nan
+        if by_details and group:
+            out[f"{label}_ctx_tokens_mean"] = sum(s["ctx_tokens"] for s in group) / len(group)
+            out[f"{label}_gen_reqs_mean"] = sum(s.get("gen_reqs") or 0 for s in group) / len(group)
+    return out

@@ -31,6 +31,15 @@ Triton files; DeepGEMM's, FlashMLA's and FlashAttention-3's as their names conta
   FlashAttention-3 (`flash*`, `*FlashAttn*`), any `*mla*` / `*attention*` kernel left;
 - rest: everything else (GEMMs, MoE, norms, rotary, sampling, ...).
 Every kernel name seen is kept with its bucket (`kernels`), so a wrong rule shows.
+
+Host share (issue 34): the GPU's idle time in the profiled window. The window's span
+runs from the first GPU event's start to the last one's end (the profiled steps,
+back to back); busy is the union of the events' intervals; `gpu_idle_share` =
+(span - busy) / span: the part of the steps' time in which no kernel, copy or set ran,
+i.e. the GPU waited for the host (scheduling, input preparation, the launches of
+eagerly run layers). `span_us_per_step` = span / steps. Under the profiler each launch
+costs a little more host time than without it, so the share is measured on slightly
+slowed steps: compare the sides, and the unprofiled step times, beside it.
 """
 from __future__ import annotations
 
@@ -120,9 +129,13 @@ def breakdown(events: list[tuple[str, float, float]], steps: int) -> dict:
     durations = sum(k["dur"] for k in kernels.values())
     missing = [b for b in ("attention", "indexer_logits", "topk")
                if not any(k["bucket"] == b for k in kernels.values())]
+    span = max(s + d for _, s, d in events) - min(s for _, s, _ in events)
     return {
         "steps": steps,
         "gpu_us_per_step": busy / steps,
+        "span_us_per_step": span / steps,
+        "idle_us_per_step": max(span - busy, 0.0) / steps,
+        "gpu_idle_share": max(span - busy, 0.0) / span if span > 0 else 0.0,
         "overlap_us_per_step": (durations - busy) / steps,
         "buckets": {b: {"us_per_step": total[b] / steps, "share": total[b] / busy if busy else 0.0}
                     for b in BUCKETS},

@@ -7,7 +7,8 @@
 
 results.json: {"rows": [...], "profiles": [...], "meta": {...}}; one row per run
 (engine x workload), exactly the fields of ROW_FIELDS; rows sorted by model, KV
-cache, side, context, batch. The same input gives the same bytes (JSON, markdown
+cache, side, context, batch. A run with mixed workloads adds "mixed": one row per
+engine x mixed workload, exactly the fields of MIXED_FIELDS (step times and host share). The same input gives the same bytes (JSON, markdown
 and PNG: no dates, no versions in the PNG).
 """
 from __future__ import annotations
@@ -22,7 +23,16 @@ ROW_FIELDS = {"model": str, "side": str, "kv_cache": str, "context": int, "batch
               "prefill_tok_s": float, "decode_tok_s": float, "tpot_p50_ms": float, "tpot_p99_ms": float}
 SIDES = ("upstream", "ours")
 KV_ORDER = {"bf16": 0, "fp8": 1}
-MODEL_ORDER = {"glm5-tiny": 0, "deepseek-v32-tiny": 1}
+MODEL_ORDER = {"glm5-tiny": 0, "deepseek-v32-tiny": 1, "glm5-deep": 2, "deepseek-v32-deep": 3}
+# A mixed-workload row (bench/serving/README.md "What is measured"): engine-step times in
+# ms from vLLM's inter-token latencies, split by vLLM's iteration details into mixed and
+# decode-only steps; the host share and the profiled step from the worker profiler's trace
+# (None when the profile failed).
+MIXED_FIELDS = {"model": str, "side": str, "kv_cache": str, "workload": str, "layers": int,
+                "mixed_steps": int, "mixed_step_p50_ms": (float, None), "mixed_step_p90_ms": (float, None),
+                "decode_steps": int, "decode_step_p50_ms": (float, None), "decode_step_p90_ms": (float, None),
+                "classified_by": str, "host_share": (float, None), "gpu_busy_us_per_step": (float, None),
+                "profiled_step_us": (float, None)}
 PLOT_NAME = "throughput_vs_context.png"
 TABLE_NAME = "results.md"
 
@@ -73,15 +83,61 @@ def validate(obj) -> dict:
         if key in seen:
             problems.append(f"row {i}: a second row for {key}")
         seen.add(key)
+    problems += validate_mixed(obj.get("mixed", []))
     if problems:
         raise ResultsError("results.json: " + "; ".join(problems))
     return obj
+
+
+def validate_mixed(rows) -> list[str]:
+    """Problems of the mixed rows (none: [])."""
+    if not isinstance(rows, list):
+        return ["mixed is not a list"]
+    problems, seen = [], set()
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            problems.append(f"mixed row {i}: not an object")
+            continue
+        if set(r) != set(MIXED_FIELDS):
+            problems.append(f"mixed row {i}: fields missing {sorted(set(MIXED_FIELDS) - set(r))}, "
+                            f"unknown {sorted(set(r) - set(MIXED_FIELDS))}")
+            continue
+        for k, typ in MIXED_FIELDS.items():
+            v = r[k]
+            optional = isinstance(typ, tuple)
+            typ = typ[0] if optional else typ
+            if optional and v is None:
+                continue
+            if typ is float:
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                ok = ok and (v > 0 or k == "host_share")
+            elif typ is int:
+                ok = isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            else:
+                ok = isinstance(v, str) and v != ""
+            if not ok:
+                problems.append(f"mixed row {i}: {k}={v!r} is not a valid {typ.__name__}")
+        if r["side"] not in SIDES:
+            problems.append(f"mixed row {i}: side {r['side']!r} is not one of {list(SIDES)}")
+        if isinstance(r["host_share"], (int, float)) and not 0 <= r["host_share"] <= 1:
+            problems.append(f"mixed row {i}: host_share {r['host_share']} outside [0, 1]")
+        for c in ("mixed", "decode"):
+            lo, hi = r.get(f"{c}_step_p50_ms"), r.get(f"{c}_step_p90_ms")
+            if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and hi < lo:
+                problems.append(f"mixed row {i}: {c}_step_p90_ms < {c}_step_p50_ms")
+        key = tuple(r.get(k) for k in ("model", "side", "kv_cache", "workload"))
+        if key in seen:
+            problems.append(f"mixed row {i}: a second row for {key}")
+        seen.add(key)
+    return problems
 
 
 def rows_from_state(state: dict) -> list[dict]:
     """One row per done workload of the manifest."""
     rows = []
     for rec in state["items"].values():
+        if rec.get("kind") == "mixed":
+            continue
         rows.append({"model": rec["model"], "side": rec["side"], "kv_cache": rec["kv_cache"],
                      "context": rec["context"], "batch": rec["batch"],
                      "prefill_tok_s": round(rec["prefill"]["tok_s"], 1),
@@ -91,10 +147,56 @@ def rows_from_state(state: dict) -> list[dict]:
     return sorted(rows, key=row_key)
 
 
+def _layers(model: str) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import plan as planmod
+
+    return planmod.model_layers(model)
+
+
+def mixed_rows_from_state(state: dict) -> list[dict]:
+    """One row per done mixed workload: its step figures, and the host share of its profile."""
+    rows = []
+    for key, rec in state["items"].items():
+        if rec.get("kind") != "mixed":
+            continue
+        m = rec["mixed"]
+        prof = state["profiles"].get(key) or {}
+        good = bool(prof.get("ok")) and prof.get("gpu_idle_share") is not None
+
+        def num(v, nd=4):
+            return round(v, nd) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+        rows.append({"model": rec["model"], "side": rec["side"], "kv_cache": rec["kv_cache"],
+                     "workload": rec["workload"], "layers": _layers(rec["model"]),
+                     "mixed_steps": m["mixed_steps"], "mixed_step_p50_ms": num(m["mixed_step_p50_ms"]),
+                     "mixed_step_p90_ms": num(m["mixed_step_p90_ms"]), "decode_steps": m["decode_steps"],
+                     "decode_step_p50_ms": num(m["decode_step_p50_ms"]),
+                     "decode_step_p90_ms": num(m["decode_step_p90_ms"]), "classified_by": m["classified_by"],
+                     "host_share": num(prof.get("gpu_idle_share")) if good else None,
+                     "gpu_busy_us_per_step": num(prof.get("gpu_us_per_step"), 1) if good else None,
+                     "profiled_step_us": num(prof.get("span_us_per_step"), 1) if good else None})
+    return sorted(rows, key=lambda r: (MODEL_ORDER.get(r["model"], 99), r["model"], KV_ORDER.get(r["kv_cache"], 99),
+                                       r["kv_cache"], SIDES.index(r["side"]) if r["side"] in SIDES else 99,
+                                       r["workload"]))
+
+
 def warnings_from_state(state: dict) -> list[str]:
-    """Runs whose figures need a caveat (cache misses in the decode call, ITL mismatch)."""
+    """Runs whose figures need a caveat (cache misses in the decode call, ITL mismatch;
+    a mixed workload with too few steps of a kind, or without its profile)."""
     out = []
     for key, rec in sorted(state["items"].items()):
+        if rec.get("kind") == "mixed":
+            m = rec["mixed"]
+            for c in ("mixed", "decode"):
+                if m.get(f"{c}_steps", 0) < 8:
+                    out.append(f"{key}: only {m.get(f'{c}_steps', 0)} {c} steps measured")
+            if m.get("classified_by") != "iteration_details":
+                out.append(f"{key}: steps classified by the driver's prefill flag (vLLM gave no iteration details)")
+            prof = state["profiles"].get(key) or {}
+            if not prof.get("ok"):
+                out.append(f"{key}: no host share (profile: {prof.get('why') or 'missing'})")
+            continue
         d = rec["decode"]
         if d.get("cache_hit_frac", 1.0) < 0.95:
             out.append(f"{key}: decode call found {d['cache_hit_frac']:.0%} of the prompts in the prefix cache "
@@ -109,6 +211,8 @@ def warnings_from_state(state: dict) -> list[str]:
 def results_from_state(state: dict, command: str | None = None, env: str | None = None) -> dict:
     profiles = []
     for key, p in sorted(state["profiles"].items()):
+        if p.get("workload_kind") == "mixed":
+            continue  # in the mixed rows (host share, profiled step)
         engine = p.get("engine", key.split("/")[0])
         info = state["plan"]["engines"]
         e = next((x for x in info if x["name"] == engine), {})
@@ -128,7 +232,15 @@ def results_from_state(state: dict, command: str | None = None, env: str | None 
             "calls": state["calls"], "warnings": warnings_from_state(state),
             "command": command, "environment": env,
             "definitions": "bench/serving/README.md, section 'What is measured'"}
-    return validate({"rows": rows_from_state(state), "profiles": profiles, "meta": meta})
+    out = {"rows": rows_from_state(state), "profiles": profiles, "meta": meta}
+    mixed = mixed_rows_from_state(state)
+    if mixed:
+        out["mixed"] = mixed
+        out["mixed_profiles"] = [{"key": k, **{f: p.get(f) for f in (
+            "ok", "why", "steps", "gpu_us_per_step", "span_us_per_step", "idle_us_per_step", "gpu_idle_share",
+            "buckets", "overlap_us_per_step")}, "top_kernels": dict(list((p.get("kernels") or {}).items())[:12])}
+            for k, p in sorted(state["profiles"].items()) if p.get("workload_kind") == "mixed"]
+    return validate(out)
 
 
 def _fmt(v: float) -> str:
@@ -178,6 +290,8 @@ def markdown(results: dict) -> str:
     profs = [p for p in results.get("profiles", []) if p.get("buckets")]
     if profs:
         out += profile_table(profs, rows)
+    if results.get("mixed"):
+        out += mixed_table(results["mixed"])
     warns = (results.get("meta") or {}).get("warnings") or []
     if warns:
         out += ["Caveats:", ""] + [f"- {w}" for w in warns] + [""]
@@ -185,6 +299,44 @@ def markdown(results: dict) -> str:
 
 
 MERGE_KERNEL = "_sparse_mla_merge_kernel"
+
+
+def mixed_table(mixed: list[dict]) -> list[str]:
+    """Per model x KV cache x mixed workload: engine-step times, upstream vs ours, and the
+    host share (the GPU's idle share of the profiled mixed steps)."""
+    def ms(v):
+        return f"{v:.2f}" if isinstance(v, (int, float)) else "-"
+
+    def pct(v):
+        return f"{v:.0%}" if isinstance(v, (int, float)) else "-"
+
+    out = ["### Mixed workload: engine step time and its host share", "",
+           "Step: vLLM's inter-token latency of the decode streams (one per engine step), ms; mixed = steps with "
+           "prefill tokens (vLLM's iteration details), decode = decode-only steps. Host share: the GPU's idle share "
+           "of the profiled mixed steps (worker profiler).", "",
+           "| model (layers) | KV | workload | mixed p50 upstream | ours | ours/up | mixed p90 upstream | ours | "
+           "decode p50 upstream | ours | ours/up | host share upstream | ours | GPU busy µs/step upstream | ours |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["model"], r["kv_cache"], r["workload"]) for r in mixed},
+                  key=lambda k: (MODEL_ORDER.get(k[0], 99), k[0], KV_ORDER.get(k[1], 99), k[1], k[2]))
+    for model, kv, wl in keys:
+        cell = {r["side"]: r for r in mixed if (r["model"], r["kv_cache"], r["workload"]) == (model, kv, wl)}
+        up, ours = cell.get("upstream", {}), cell.get("ours", {})
+        layers = (up or ours).get("layers")
+
+        def ratio(k):
+            return f"{ours[k] / up[k]:.2f}" if up.get(k) and ours.get(k) else "-"
+
+        def us(v):
+            return f"{v:,.0f}" if isinstance(v, (int, float)) else "-"
+
+        out.append(f"| {model} ({layers}) | {kv} | {wl} | {ms(up.get('mixed_step_p50_ms'))} | "
+                   f"{ms(ours.get('mixed_step_p50_ms'))} | {ratio('mixed_step_p50_ms')} | "
+                   f"{ms(up.get('mixed_step_p90_ms'))} | {ms(ours.get('mixed_step_p90_ms'))} | "
+                   f"{ms(up.get('decode_step_p50_ms'))} | {ms(ours.get('decode_step_p50_ms'))} | "
+                   f"{ratio('decode_step_p50_ms')} | {pct(up.get('host_share'))} | {pct(ours.get('host_share'))} | "
+                   f"{us(up.get('gpu_busy_us_per_step'))} | {us(ours.get('gpu_busy_us_per_step'))} |")
+    return out + [""]
 
 
 def profile_table(profs: list[dict], rows: list[dict]) -> list[str]:
@@ -278,7 +430,8 @@ def write_all(results: dict, out: Path, write_json: bool = True) -> list[Path]:
     p = out / TABLE_NAME
     p.write_text(markdown(results))
     written.append(p)
-    written.append(plot(results, out / PLOT_NAME))
+    if results["rows"]:  # a plan of mixed workloads only has no throughput to plot
+        written.append(plot(results, out / PLOT_NAME))
     return written
 
 

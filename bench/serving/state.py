@@ -117,7 +117,7 @@ def pending(state: dict, plan) -> list[tuple]:
     for e in plan.engines:
         if state["engines"].get(e.name, {}).get("failed"):
             continue
-        todo = [w for w in plan.workloads if item_key(e.name, w.name) not in state["items"]]
+        todo = [w for w in plan.all_workloads() if item_key(e.name, w.name) not in state["items"]]
         todo_profiles = [w for w in plan.profiles_for(e) if item_key(e.name, w.name) not in state["profiles"]]
         if todo or todo_profiles:
             out.append((e, todo, todo_profiles))

@@ -60,14 +60,17 @@ def main(argv: list[str]) -> int:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.attention.selector import get_attn_backend
 
-    kw = dict(run_e2e.ENGINE, model=str(run_e2e.MODELS[model]), dtype=dtype, tensor_parallel_size=tp,
+    # a model of the e2e harness, or one the serving benchmark adds (models/<name>: the deep variants)
+    path = run_e2e.MODELS.get(model) or Path(__file__).resolve().parent / "models" / model
+    kw = dict(run_e2e.ENGINE, model=str(path), dtype=dtype, tensor_parallel_size=tp,
               kv_cache_memory_bytes=4 << 30, load_format="dummy")
     if backend != "auto":
         kw["attention_config"] = {"backend": backend}
     cfg = EngineArgs(**kw).create_engine_config()
     mc, sc, cc = cfg.model_config, cfg.speculative_config, cfg.compilation_config
     heads = mc.get_num_attention_heads(cfg.parallel_config)
-    print("model", mc.hf_config.model_type, mc.architectures, mc.dtype, "mla", mc.use_mla, "heads/GPU", heads)
+    print("model", mc.hf_config.model_type, mc.architectures, mc.dtype, "mla", mc.use_mla, "heads/GPU", heads,
+          "layers", mc.get_num_layers(cfg.parallel_config))
     print("mtp", sc.method, sc.num_speculative_tokens, sc.draft_model_config.architectures)
     print("compile", cc.mode, "cudagraph", cc.cudagraph_mode, "chunked", cfg.scheduler_config.enable_chunked_prefill,
           "prefix", cfg.cache_config.enable_prefix_caching)

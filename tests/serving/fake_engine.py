@@ -81,6 +81,27 @@ def engine_main(job: dict, result_dir: str) -> None:
     for w in job["todo_profiles"]:
         if w["context"] * 1000 + w["batch"] not in todo:
             profile(w["context"], w["batch"])
+    for i, name in enumerate(job.get("todo_mixed", [])):
+        mixed_step = 40.0 if up else 52.0
+        steps = ([{"phase": "ramp", "step_s": 0.05, "ctx_tokens": 8192, "gen_reqs": 8, "prefill_pending": False}]
+                 + [{"phase": "measure", "step_s": 0.004 + 1e-5 * k, "ctx_tokens": 0, "gen_reqs": 32,
+                     "prefill_pending": False} for k in range(16)]
+                 + [{"phase": "measure", "step_s": mixed_step / 1e3 + 1e-4 * k, "ctx_tokens": 8160, "gen_reqs": 32,
+                     "prefill_pending": True} for k in range(22)])
+        from metrics import step_figures  # bench/serving is on sys.path (the parent's module)
+
+        figures = step_figures(steps)
+        figures.update(wall_s=1.0, arrivals=[[16, 65536]], prefill_latency_s=[0.5], steps=steps)
+        emit("item", workload=name, workload_kind="mixed", s=0.01, est_s=0.02, mixed=figures)
+        busy = 30000.0 if up else 31000.0
+        span = mixed_step * 1000.0
+        emit("profile", workload=name, workload_kind="mixed", ok=True, why=None, steps=8, gpu_us_per_step=busy,
+             span_us_per_step=span, idle_us_per_step=span - busy, gpu_idle_share=(span - busy) / span,
+             buckets={"attention": {"us_per_step": 9000.0, "share": 0.3},
+                      "indexer_logits": {"us_per_step": 6000.0, "share": 0.2},
+                      "topk": {"us_per_step": 3000.0, "share": 0.1},
+                      "rest": {"us_per_step": busy - 18000.0, "share": 0.4}},
+             kernels={"_sparse_mla_fwd_kernel": {"bucket": "attention", "count": 624, "us_per_step": 9000.0}})
     mark("end")
     rec.close()
     os._exit(0)

@@ -256,7 +256,7 @@ def test_a_call_stops_before_an_engine_that_cannot_finish_and_the_next_resumes(f
     first = st.load(fake / "m1", plan)
     assert {k.split("/")[0] for k in first["items"]} == {"glm5-tiny-bf16kv-upstream"}
     monkeypatch.setenv("FAKE_INIT_S", "1")
-    monkeypatch.setattr(bench_serving, "start_estimate", lambda state: 1.0)
+    monkeypatch.setattr(bench_serving, "start_estimate", lambda state, engine=None: 1.0)
     assert _run(fake) == bench_serving.EXIT_OK
     done = st.load(fake / "m1", plan)
     assert len(done["items"]) == 8 and [c["call"] for c in done["calls"]] == [1, 2]
@@ -322,7 +322,7 @@ def test_a_fresh_call_starts_an_engine_too_long_for_it_and_refuses_one_that_cann
     monkeypatch.setattr(bench_serving, "engine_estimate", lambda *a: 10_000.0)
     assert _run(fake) == bench_serving.EXIT_MORE  # the first engine ran, the second waits
     assert {k.split("/")[0] for k in st.load(fake / "m1")["items"]} == {"glm5-tiny-bf16kv-upstream"}
-    monkeypatch.setattr(bench_serving, "start_estimate", lambda state: 10_000.0)
+    monkeypatch.setattr(bench_serving, "start_estimate", lambda state, engine=None: 10_000.0)
     assert _run(fake) == bench_serving.EXIT_FAILED
     assert "even a start with one workload needs" in capsys.readouterr().out
 
