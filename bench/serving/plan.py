@@ -62,7 +62,7 @@ SIDE_INDEXER = {"upstream": "deepgemm", "ours": "triton"}
 CALL_LIMIT_S = 600
 CALL_BUDGET_S = 560  # the runner starts no work it cannot finish by then (install inside; 40 s to pack)
 SESSION_BUDGET_S = 1800
-N_PIECES = 3  # `make e2e-bundle` with the 0.26.0 wheel: 3 pieces (tests/e2e/README.md)
+N_PIECES = 4  # `make e2e-bundle VLLM=0.26.0`: 4 pieces of at most 50 MiB since 2026-12-01 (tests/e2e/README.md)
 SAFETY = 1.2  # the runner starts an engine / a workload only if estimate x SAFETY fits
 
 
@@ -193,7 +193,7 @@ class CostModel:
     profile_s: float = 8.0  # one profiled window (cached prompts, 16 steps) incl. trace export
     ours_factor: float = 1.3  # our kernels vs upstream's (indexer/attention tables: 1.0-2.2x)
     install_s: float = 90.0  # first call: unpack, check and pip-install the bundle
-    stage_call_s: float = 45.0  # a staging call: transfer + check of one 56 MiB piece
+    stage_call_s: float = 15.0  # a staging call of one 50 MiB piece on a warm machine: 6-8 s held, measured 2026-12-02
     machine_start_s: float = 120.0  # a cold machine ("a minute or more")
     call_gap_s: float = 15.0  # between two calls the machine is held, idle, while the next is sent
     # Deep models (more than the tiny models' 3 layers): the GPU work above scales with the

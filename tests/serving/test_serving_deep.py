@@ -148,7 +148,7 @@ def test_the_deep_calls_fit_the_call_limit_and_are_split_into_sessions():
     assert planmod.plan_tag(tiny_mixed) == "mixed" and tiny_mixed.plan_id() != plan.plan_id()
     calls = planmod.device_calls(est, run_args="--deep", tag=planmod.plan_tag(plan))
     assert all(".e2e/serving-state-deep" in c and c.endswith("BENCH_TAG=deep bash bench/serving/device-run.sh run "
-                                                               "--deep") for c in calls[2:])
+                                                               "--deep") for c in calls[planmod.N_PIECES - 1:])
     out = subprocess.run([sys.executable, str(BENCH / "plan.py"), "--deep"], capture_output=True, text=True,
                          check=True).stdout
     for line in calls:
