@@ -1,4 +1,4 @@
-"""The series' DeepSeek-V4 tests that need no GPU (patches 0014-0021: the e4m3
+"""The series' DeepSeek-V4 tests that need no GPU (patches 0015-0022: the e4m3
 encoder's routing, the CuTe DSL gates and the Triton compressor path, mHC, o_proj,
 the attention class and its selection under a mocked capability), run by pytest as
 vLLM would run them, in a process of their own with the patched tree first on the
@@ -30,7 +30,7 @@ FILES = ["tests/kernels/test_deepseek_v4_attn_selection.py",
                                  "tests/lines/0.33.0/v4/test_tree_v4_tests_cpu.py runs them (test_line_v4_proof)")
 def test_series_v4_tests_pass_on_cpu(vllm_tree):
     missing = [f for f in FILES if not (vllm_tree / f).is_file()]
-    assert not missing, f"not in the tree {vllm_tree} (patches 0014-0020): {missing}"
+    assert not missing, f"not in the tree {vllm_tree} (patches 0015-0021): {missing}"
     env = dict(os.environ, PYTHONPATH=str(vllm_tree))
     for knob in ("TRITON_INTERPRET", "VLLM_DSV4_PORTABLE"):  # the tests set what they need
         env.pop(knob, None)
@@ -46,11 +46,11 @@ def test_series_v4_tests_pass_on_cpu(vllm_tree):
 BREAKABLE_TESTS = "tests/v1/cudagraph/test_breakable_cudagraph.py"
 
 
-@lineproofs.replaced_on(v0_33_0="0.26.0's patch 0021 is not carried (0.33.0's eager_break_during_capture "
+@lineproofs.replaced_on(v0_33_0="0.26.0's patch 0022 is not carried (0.33.0's eager_break_during_capture "
                                  "checks for a capture per call): tests/lines/0.33.0/v4/"
-                                 "test_breakable_cudagraph_fix_present.py runs 0021's test on 0.33.0")
+                                 "test_breakable_cudagraph_fix_present.py runs 0022's test on 0.33.0")
 def test_series_breakable_cudagraph_decorator_tests_pass_on_cpu(vllm_tree):
-    """Patch 0021's vLLM-style test and the pass-through one next to it (the file's CUDA cases
+    """Patch 0022's vLLM-style test and the pass-through one next to it (the file's CUDA cases
     skip; its runner-metadata test needs llguidance, which the toolkit does not install)."""
     env = dict(os.environ, PYTHONPATH=str(vllm_tree))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--noconftest", "-p", "no:cacheprovider",
@@ -60,12 +60,12 @@ def test_series_breakable_cudagraph_decorator_tests_pass_on_cpu(vllm_tree):
     assert proc.returncode == 0 and "2 passed" in tail, tail
 
 
-@lineproofs.replaced_on(v0_33_0="0.26.0's patch 0021 is not carried: tests/lines/0.33.0/v4/"
+@lineproofs.replaced_on(v0_33_0="0.26.0's patch 0022 is not carried: tests/lines/0.33.0/v4/"
                                  "test_breakable_cudagraph_fix_present.py checks 0.33.0 breaks per call")
 def test_v4_ops_stay_eager_breaks_when_imported_before_the_config_enables_them(vllm_tree):
     """The import order of a real engine (tests/series_import_chain.py): the V4 attention op and
     the sparse indexer op, imported while VLLM_USE_BREAKABLE_CUDAGRAPH is unset, are still eager
-    breaks. Without patch 0021 both are the bare functions and the PIECEWISE graphs capture
+    breaks. Without patch 0022 both are the bare functions and the PIECEWISE graphs capture
     them."""
     env = dict(os.environ, PYTHONPATH=str(vllm_tree))
     env.pop("VLLM_USE_BREAKABLE_CUDAGRAPH", None)

@@ -18,7 +18,8 @@ What it does, with vLLM's code (stand-ins below):
    tensor (a name neither model can place raises: DeepseekV4Model.load_weights indexes
    params_dict, the MTP loader too; the target skips only `mtp.`, the MTP only the rest).
    (attn_sink: its first n_local_heads entries; the padding up to the FlashMLA head count
-   keeps the -inf it is built with and is not in the checkpoint.)
+   keeps the -inf it is built with and is not in the checkpoint.) The load and the reads of
+   step 3 (track_reads, load_filled) serve ../dsa-4bit/ and ../glm53-flash-tiny/'s checks too.
 4. Spot checks against the checkpoint bytes: stacked (wq_a|wkv, compressor wkv|wgate,
    shared w1|w3), MXFP4 experts (w1|w3 -> w13, w2) and their UE8M0 scales, block-fp8
    scales, attn_sink, gate.bias -> e_score_correction_bias, tid2eid, the MTP block and its
@@ -146,6 +147,36 @@ def _snapshot(model) -> dict:
             for n, p in model.named_parameters()}
 
 
+def track_reads(loader_cls) -> set[str]:
+    """Every tensor name `loader_cls.get_all_weights` yields from now on goes into the set
+    returned (what the loads read of the checkpoint)."""
+    seen: set[str] = set()
+    orig = loader_cls.get_all_weights
+
+    def tracking(self, model_config, model):
+        for name, t in orig(self, model_config, model):
+            seen.add(name)
+            yield name, t
+
+    loader_cls.get_all_weights = tracking
+    return seen
+
+
+def load_filled(model, loader, model_config, cfg, fill=_fill, snapshot=_snapshot):
+    """`model` loaded twice through `loader`, its parameters filled with 0x00, then 0xFF bytes
+    before each load: (the names the last load_weights returned, the bytes after each load); a
+    byte the load does not write differs between the two."""
+    from vllm.config import set_current_vllm_config
+
+    snaps, returned = [], None
+    for byte in (0x00, 0xFF):
+        fill(model, byte)
+        with set_current_vllm_config(cfg):
+            returned = model.load_weights(loader.get_all_weights(model_config, model))
+        snaps.append(snapshot(model))
+    return returned, snaps
+
+
 class Checker:
     def __init__(self):
         self.n = 0
@@ -220,24 +251,10 @@ def run(ckpt: Path, rank: int, world: int, dump: Path | None) -> int:
         target = DeepseekV4ForCausalLM(vllm_config=cfg)
         draft = DeepSeekV4MTP(vllm_config=cfg)
     loader = DefaultModelLoader(cfg.load_config)
-
-    seen: set[str] = set()
-    orig = DefaultModelLoader.get_all_weights
-
-    def tracking(self, model_config, model):
-        for name, t in orig(self, model_config, model):
-            seen.add(name)
-            yield name, t
-
-    DefaultModelLoader.get_all_weights = tracking
+    seen = track_reads(DefaultModelLoader)
 
     def load_twice(model, model_config, what):
-        snaps, returned = [], None
-        for byte in (0x00, 0xFF):
-            _fill(model, byte)
-            with set_current_vllm_config(cfg):
-                returned = model.load_weights(loader.get_all_weights(model_config, model))
-            snaps.append(_snapshot(model))
+        returned, snaps = load_filled(model, loader, model_config, cfg)
         names = {n for n, _ in model.named_parameters()}
         check(returned == names, f"{what}: load_weights returned all {len(names)} parameters"
               + ("" if returned == names else f"; missing {sorted(names - returned)[:8]}, "

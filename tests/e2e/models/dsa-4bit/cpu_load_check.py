@@ -159,23 +159,10 @@ def main(argv: list[str]) -> int:
               f"{sorted(by_role.get('attention', []))} / {sorted(by_role.get('indexer', []))}")
 
     loader = DefaultModelLoader(cfg.load_config)
-    seen: set[str] = set()
-    orig = DefaultModelLoader.get_all_weights
-
-    def tracking(self, model_config, model):
-        for name, t in orig(self, model_config, model):
-            seen.add(name)
-            yield name, t
-
-    DefaultModelLoader.get_all_weights = tracking
+    seen = v4.track_reads(DefaultModelLoader)
 
     def load_twice(model, model_config, what):
-        snaps, returned = [], None
-        for byte in (0x00, 0xFF):
-            _fill(model, byte)
-            with set_current_vllm_config(cfg):
-                returned = model.load_weights(loader.get_all_weights(model_config, model))
-            snaps.append(_snapshot(model))
+        returned, snaps = v4.load_filled(model, loader, model_config, cfg, _fill, _snapshot)
         names = {n for n, _ in model.named_parameters() if not n.endswith(COMPUTED)}
         returned = set(returned) - {n for n in returned if n.endswith(COMPUTED)}
         check(returned == names, f"{what}: load_weights returned all {len(names)} parameters"

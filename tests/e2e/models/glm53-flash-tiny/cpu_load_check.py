@@ -103,23 +103,10 @@ def main(argv: list[str]) -> int:
         draft = Glm5NextMTP(vllm_config=cfg)
         check(True, "Glm5NextMTP built")
     loader = DefaultModelLoader(cfg.load_config)
-    seen: set[str] = set()
-    orig = DefaultModelLoader.get_all_weights
-
-    def tracking(self, model_config, model):
-        for name, t in orig(self, model_config, model):
-            seen.add(name)
-            yield name, t
-
-    DefaultModelLoader.get_all_weights = tracking
+    seen = v4.track_reads(DefaultModelLoader)
     for model, model_config, what in ((target, mc, "target"),
                                       (draft, sc.draft_model_config, "MTP")):
-        snaps, returned = [], None
-        for byte in (0x00, 0xFF):
-            v4._fill(model, byte)
-            with set_current_vllm_config(cfg):
-                returned = model.load_weights(loader.get_all_weights(model_config, model))
-            snaps.append(v4._snapshot(model))
+        returned, snaps = v4.load_filled(model, loader, model_config, cfg)
         names = {n for n, _ in model.named_parameters()}
         check(returned == names, f"{what}: load_weights returned all {len(names)} parameters"
               + ("" if returned == names else f"; missing {sorted(names - returned)[:6]}"))

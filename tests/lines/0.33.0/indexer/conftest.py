@@ -13,8 +13,9 @@ Stand-ins beyond the harness's, all listed here:
 - vllm._custom_ops.cutlass_*_supports_* answer False while the quantization
   utilities import (module-level compiled-op queries).
 - Compiled ops the indexer op calls (cp_gather_indexer_k_quant_cache,
-  top_k_per_row_prefill, top_k_per_row_decode): torch implementations in
-  test_indexer_op.py, written from the CUDA sources' semantics.
+  top_k_per_row_prefill, top_k_per_row_decode, persistent_topk): torch
+  implementations in indexer_op_standins.py, written from the CUDA sources'
+  semantics.
 - vllm.models.glm5next as a bare package (its submodules import as they are):
   its __init__ imports the whole GLM-5.3-Flash model, whose multimodal part
   needs torchvision, which the CPU suite does not install; the kpool proofs

@@ -6,19 +6,18 @@ float64 references of the 0.26.0 line (tests/indexer_reference.py).
 What runs for real: the op's Python (chunk loop, row bounds, DCP/PCP-free
 branches, the logits dispatch, the top-k calls, the padded-decode pack and
 unpack, both Triton kernels and vLLM's pack/unpack Triton kernels). Stood in:
-the compiled gather and top-k ops (torch implementations below, from the CUDA
-sources' semantics: top_k_per_row_prefill returns indices relative to its
-row start, csrc/sampler.cu), the forward context and the workspace manager.
+the compiled gather and top-k ops (torch implementations in
+indexer_op_standins.py, from the CUDA sources' semantics: top_k_per_row_prefill
+returns indices relative to its row start, csrc/sampler.cu), the forward
+context and the workspace manager.
 """
 from __future__ import annotations
-
-import types
 
 import pytest
 import torch
 
+from indexer_op_standins import Recorder, Workspace, forward_context, make_queries
 from indexer_reference import (
-    quant_q,
     read_paged_cache,
     ref_indexer_k_quant_and_cache,
     ref_mqa_logits,
@@ -29,7 +28,6 @@ from indexer_reference import (
 
 import vllm._custom_ops as custom_ops
 import vllm.model_executor.layers.sparse_attn_indexer as sai
-from vllm.config import CUDAGraphMode
 from vllm.v1.attention.backends.mla import indexer as idx
 from vllm.v1.attention.backends.mla.indexer import (
     DeepseekV32IndexerMetadata,
@@ -43,53 +41,9 @@ PREFIX = "model.layers.0.self_attn.indexer.k_cache"
 LOGITS_TOL = 2e-6  # fp32 accumulation of exact fp8 products vs float64
 
 
-class Recorder:
-    """Compiled-op stand-ins; keeps what the top-k calls received."""
-
-    def __init__(self):
-        self.prefill = []
-        self.decode = []
-
-    def gather(self, kv_cache, k_quant, k_scale, block_table, cu_seq_lens):
-        codes, scales = read_paged_cache(kv_cache)
-        for r in range(block_table.shape[0]):
-            lo, hi = int(cu_seq_lens[r]), int(cu_seq_lens[r + 1])
-            pos = torch.arange(hi - lo)
-            phys = block_table[r, pos // BS].long()
-            k_quant[lo:hi] = codes[phys, pos % BS].view(k_quant.dtype)
-            k_scale[lo:hi] = scales[phys, pos % BS].contiguous().view(torch.uint8).view(-1, 4)
-
-    def topk_prefill(self, logits, row_starts, row_ends, out, num_rows, s0, s1, k):
-        self.prefill.append((logits.clone(), row_starts.clone(), row_ends.clone()))
-        for r in range(num_rows):
-            lo, hi = int(row_starts[r]), int(row_ends[r])
-            out[r] = -1
-            if hi > lo:
-                kk = min(k, hi - lo)
-                out[r, :kk] = torch.topk(logits[r, lo:hi], kk).indices.to(torch.int32)
-
-    def topk_decode(self, logits, next_n, seq_lens, out, num_rows, s0, s1, k):
-        lens = seq_lens.reshape(-1)
-        if lens.numel() != num_rows:  # (B, 1): causal rows
-            i = torch.arange(next_n)
-            lens = (seq_lens.reshape(-1, 1) - next_n + 1 + i).reshape(-1)
-        self.decode.append((logits.clone(), lens.clone()))
-        for r in range(num_rows):
-            L = int(lens[r])
-            out[r] = -1
-            if L > 0:
-                kk = min(k, L)
-                out[r, :kk] = torch.topk(logits[r, :L], kk).indices.to(torch.int32)
-
-
-class Workspace:
-    def get_simultaneous(self, *specs):
-        return [torch.empty(shape, dtype=dtype) for shape, dtype in specs]
-
-
 @pytest.fixture
 def rec(monkeypatch):
-    r = Recorder()
+    r = Recorder(BS)
     monkeypatch.setattr(custom_ops, "cp_gather_indexer_k_quant_cache", r.gather)
     monkeypatch.setattr(custom_ops, "top_k_per_row_prefill", r.topk_prefill)
     monkeypatch.setattr(custom_ops, "top_k_per_row_decode", r.topk_decode)
@@ -118,26 +72,13 @@ def make_cache(lens, seed):
     return kv, bt
 
 
-def make_queries(T, seed):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(T, H, D, generator=g)
-    w = torch.randn(T, H, generator=g)
-    return quant_q(q, w, D ** -0.5, H ** -0.5)
-
-
 def run_op(meta, kv, q_fp8, w, topk_buffer):
-    ctx = types.SimpleNamespace(attn_metadata={PREFIX: meta},
-                                cudagraph_runtime_mode=CUDAGraphMode.NONE)
-    orig = sai.get_forward_context
-    sai.get_forward_context = lambda: ctx
-    try:
+    with forward_context(sai, PREFIX, meta):
         return sai.sparse_attn_indexer(
             torch.empty(q_fp8.shape[0], 8), PREFIX, kv, q_fp8, None, None, w,
             128, "ue8m0", TOPK, D, MAX_LEN, 4096, topk_buffer,
             True, False, False, "",  # skip_k_cache_insert, use_pcp, pcp_shard, dense_mha
         )
-    finally:
-        sai.get_forward_context = orig
 
 
 def check_topk(ours, ref_logits, k):
@@ -179,7 +120,7 @@ def test_mixed_batch_prefill_compressed_contract_and_paged_decode(rec):
     kv, bt = make_cache(lens, seed=1)
     nd = len(dec_lens)
     T = nd + sum(pre_q)
-    q_fp8, w = make_queries(T, seed=2)
+    q_fp8, w = make_queries(T, seed=2, heads=H, dim=D)
     ks, ke, off = [], [], 0
     for c, ql in zip(pre_ctx, pre_q):
         for j in range(ql):
@@ -256,7 +197,7 @@ def test_padded_mtp_decode_packs_fp8_codes_as_bytes(rec):
     kv, bt = make_cache(ctx, seed=3)
     B = len(ctx)
     T = sum(dec_lens_tok)
-    q_fp8, w = make_queries(T, seed=4)
+    q_fp8, w = make_queries(T, seed=4, heads=H, dim=D)
     seq2d = torch.tensor([[c - 2 + j + 1 for j in range(2)] for c in ctx], dtype=torch.int32)
     decode = DeepSeekV32IndexerDecodeMetadata(
         block_table=bt, seq_lens=seq2d,

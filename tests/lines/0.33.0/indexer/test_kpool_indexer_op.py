@@ -13,20 +13,18 @@ What runs for real: the op's Python (chunk loop, pool-granular row
 bounds, the logits dispatch, the top-k calls, the padded-decode pack and
 unpack), the Triton logits kernels, the pool expansion with the tail
 (expand_pools_and_append_tail) and vLLM's pack/unpack kernels. Stood in: the
-compiled gather and top-k ops (torch implementations, from the CUDA
-sources' semantics: top_k_per_row_prefill returns indices relative to its
-row start, persistent_topk reads one length per row), the forward context
-and the workspace manager.
+compiled gather and top-k ops (torch implementations in
+indexer_op_standins.py, from the CUDA sources' semantics: top_k_per_row_prefill
+returns indices relative to its row start, persistent_topk reads one length
+per row), the forward context and the workspace manager.
 """
 from __future__ import annotations
-
-import types
 
 import pytest
 import torch
 
+from indexer_op_standins import Recorder, Workspace, forward_context, make_queries
 from indexer_reference import (
-    quant_q,
     read_paged_cache,
     ref_mqa_logits,
     ref_paged_mqa_logits,
@@ -36,7 +34,6 @@ from indexer_reference import (
 
 import vllm._custom_ops as custom_ops
 import vllm.models.glm5next.nvidia.sparse_indexer as ksi
-from vllm.config import CUDAGraphMode
 from vllm.model_executor.layers import indexer_topk
 from vllm.models.glm5next.nvidia.ops import kpool_compress as K
 from vllm.v1.attention.backends.mla import indexer as idx
@@ -58,51 +55,9 @@ PREFIX = "model.layers.0.self_attn.indexer.k_cache"
 LOGITS_TOL = 2e-6  # fp32 accumulation of exact fp8 products vs float64
 
 
-class Recorder:
-    """Compiled-op stand-ins; keeps what the top-k calls received."""
-
-    def __init__(self):
-        self.prefill = []
-        self.decode = []
-
-    def gather(self, kv_cache, k_quant, k_scale, block_table, cu_seq_lens):
-        codes, scales = read_paged_cache(kv_cache)
-        for r in range(block_table.shape[0]):
-            lo, hi = int(cu_seq_lens[r]), int(cu_seq_lens[r + 1])
-            pos = torch.arange(hi - lo)
-            phys = block_table[r, pos // PAGE].long()
-            k_quant[lo:hi] = codes[phys, pos % PAGE].view(k_quant.dtype)
-            k_scale[lo:hi] = scales[phys, pos % PAGE].contiguous().view(torch.uint8).view(-1, 4)
-
-    def topk_prefill(self, logits, row_starts, row_ends, out, num_rows, s0, s1, k):
-        self.prefill.append((logits.clone(), row_starts.clone(), row_ends.clone()))
-        for r in range(num_rows):
-            lo, hi = int(row_starts[r]), int(row_ends[r])
-            out[r] = -1
-            if hi > lo:
-                kk = min(k, hi - lo)
-                out[r, :kk] = torch.topk(logits[r, lo:hi], kk).indices.to(torch.int32)
-
-    def persistent_topk(self, logits, lengths, out, workspace, k, max_seq_len):
-        lens = lengths.reshape(-1)
-        assert lens.numel() == logits.shape[0], "one length per row"
-        self.decode.append((logits.clone(), lens.clone()))
-        for r in range(logits.shape[0]):
-            L = int(lens[r])
-            out[r] = -1
-            if L > 0:
-                kk = min(k, L)
-                out[r, :kk] = torch.topk(logits[r, :L], kk).indices.to(torch.int32)
-
-
-class Workspace:
-    def get_simultaneous(self, *specs):
-        return [torch.empty(shape, dtype=dtype) for shape, dtype in specs]
-
-
 @pytest.fixture
 def rec(monkeypatch):
-    r = Recorder()
+    r = Recorder(PAGE)
     monkeypatch.setattr(custom_ops, "cp_gather_indexer_k_quant_cache", r.gather)
     monkeypatch.setattr(torch.ops._C, "top_k_per_row_prefill", r.topk_prefill, raising=False)
     monkeypatch.setattr(torch.ops._C, "persistent_topk", r.persistent_topk, raising=False)
@@ -166,27 +121,14 @@ def request_pools(kv, bt_row, n):
     return codes[phys, j % PAGE], scales[phys, j % PAGE]
 
 
-def make_queries(T, seed):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(T, H, D, generator=g)
-    w = torch.randn(T, H, generator=g)
-    return quant_q(q, w, D ** -0.5, H ** -0.5)
-
-
 def run_op(meta, kv, q_fp8, w, positions, buf, max_pools=MAX_POOLS):
-    ctx = types.SimpleNamespace(attn_metadata={PREFIX: meta},
-                                cudagraph_runtime_mode=CUDAGraphMode.NONE)
-    orig = ksi.get_forward_context
-    ksi.get_forward_context = lambda: ctx
-    try:
+    with forward_context(ksi, PREFIX, meta):
         return ksi.sparse_attn_indexer_kpool(
             torch.empty(q_fp8.shape[0], 8), PREFIX, kv, q_fp8, None, None, w,
             128, "ue8m0", TOPK, D, max_pools, 4 * max_pools, buf,
             True,  # skip_k_cache_insert: the cache is written above
             index_kpool=KPOOL, positions=positions, logits_backend="auto",
         )
-    finally:
-        ksi.get_forward_context = orig
 
 
 def check_row(row, ref_logits, seq_len):
@@ -225,7 +167,7 @@ def run_mixed_batch(rec, dec_lens, pre_ctx, pre_q, seed, max_pools=MAX_POOLS):
     kv, bt = make_pooled_cache(lens, seed=seed, max_pools=max_pools)
     nd = len(dec_lens)
     T = nd + sum(pre_q)
-    q_fp8, w = make_queries(T, seed=seed + 1)
+    q_fp8, w = make_queries(T, seed=seed + 1, heads=H, dim=D)
     positions = [L - 1 for L in dec_lens]
     ks, ke, off, cu = [], [], 0, [0]
     for c, ql in zip(pre_ctx, pre_q):
@@ -325,7 +267,7 @@ def test_padded_mtp_decode_packs_fp8_codes_as_bytes(rec):
     ctx = [2170, 2133, 3054]  # tokens, the step's included
     B, T = len(ctx), sum(n_tok)
     kv, bt = make_pooled_cache(ctx, seed=3)
-    q_fp8, w = make_queries(T, seed=4)
+    q_fp8, w = make_queries(T, seed=4, heads=H, dim=D)
     positions, seq2d = [], []
     for c, n in zip(ctx, n_tok):
         pos = [c - n + j for j in range(n)]
