@@ -47,14 +47,14 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def content_lines(path: Path, error: type[Exception]) -> list[tuple[int, str]]:
+def content_lines(path: Path, error: type[Exception], hint: str | None = None) -> list[tuple[int, str]]:
     """(line number, text) of each line of a UTF-8 line file (vllm-pin.txt, patches/series) that
     holds something: `#` starts a comment, surrounding blanks go. The one reader of both files;
-    a file that is not UTF-8 raises `error`, naming it."""
+    a file that is not UTF-8 raises `error`, naming it, with `hint`."""
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text ({exc})") from exc
+        raise error(f"{path}: not UTF-8 text ({exc})", hint=hint) from exc
     lines = ((n, raw.split("#", 1)[0].strip()) for n, raw in enumerate(text.splitlines(), 1))
     return [(n, line) for n, line in lines if line]
 

@@ -135,11 +135,7 @@ def load(path: Path) -> Pin:
     where: dict[str, int] = {}
     hint = (f"fix that line of {path} (its header lists the keys), or restore the committed pin with "
             f"{cmd('git', '-C', path.parent, 'checkout', '--', path.name)}")
-    try:
-        lines = content_lines(path, PinError)
-    except PinError as exc:
-        exc.hint = hint
-        raise
+    lines = content_lines(path, PinError, hint=hint)
     for lineno, line in lines:
         if "=" not in line:
             raise PinError(f"{path}:{lineno}: expected 'key = value', got {line!r}", hint=hint)

@@ -78,11 +78,7 @@ def read_series_file(directory: Path) -> list[str]:
     names: list[str] = []
     hint = (f"fix that line of {path}, or restore the committed file with "
             f"{cmd('git', '-C', directory, 'checkout', '--', SERIES_FILE)}")
-    try:
-        lines = content_lines(path, SeriesError)
-    except SeriesError as exc:
-        exc.hint = hint
-        raise
+    lines = content_lines(path, SeriesError, hint=hint)
     for lineno, line in lines:
         if not _NAME.match(line):
             raise SeriesError(f"{path}:{lineno}: {line!r} is not a patch file name (NNNN-name.patch)", hint=hint)
