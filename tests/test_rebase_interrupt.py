@@ -46,6 +46,20 @@ def finished_like_a_clean_rebase(world, res) -> None:
     assert len(series) == 4
 
 
+def ctrl_c_after_patch_b(monkeypatch):
+    """Make the replay raise KeyboardInterrupt right after it has replayed "Patch b"; returns the
+    real replay_one (put it back to go on)."""
+    real = replay.replay_one
+
+    def then_ctrl_c(tree, patch, out):
+        real(tree, patch, out)
+        if out.subject.startswith("Patch b"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(replay, "replay_one", then_ctrl_c)
+    return real
+
+
 def test_interrupt_during_the_first_checkout(rebase_world, monkeypatch):
     world = rebase_world
     tree, real_git = world["tree"], proc.git
@@ -68,14 +82,7 @@ def test_interrupt_during_the_first_checkout(rebase_world, monkeypatch):
 
 def test_interrupt_between_patches(rebase_world, monkeypatch):
     world = rebase_world
-    real = replay.replay_one
-
-    def then_ctrl_c(tree, patch, out):
-        real(tree, patch, out)
-        if out.subject.startswith("Patch b"):  # committed, the state not saved yet
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(replay, "replay_one", then_ctrl_c)
+    real = ctrl_c_after_patch_b(monkeypatch)  # committed, the state not saved yet
     res = smla(world, "--onto", world["c1"], "--source", str(world["up"]))
     assert res.exit_code == 130, res.output
     monkeypatch.setattr(replay, "replay_one", real)
@@ -128,14 +135,7 @@ def test_interrupt_while_finishing(rebase_world, monkeypatch):
 
 def test_interrupted_rebase_keeps_changes_it_did_not_make(rebase_world, monkeypatch):
     world = rebase_world
-    real = replay.replay_one
-
-    def then_ctrl_c(tree, patch, out):
-        real(tree, patch, out)
-        if out.subject.startswith("Patch b"):
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(replay, "replay_one", then_ctrl_c)
+    real = ctrl_c_after_patch_b(monkeypatch)
     assert smla(world, "--onto", world["c1"], "--source", str(world["up"])).exit_code == 130
     monkeypatch.setattr(replay, "replay_one", real)
     mine = world["tree"] / "a.py"
@@ -187,14 +187,7 @@ def test_an_interrupted_rebase_hints_continue_not_run_again(rebase_world, monkey
     """Ctrl-C mid-replay: the hint is the rebase's way on (`--continue`, `--abort`), not the generic
     "run the command again" (a new --onto is refused while the interrupted one is there)."""
     world = rebase_world
-    real = replay.replay_one
-
-    def then_ctrl_c(tree, patch, out):
-        real(tree, patch, out)
-        if out.subject.startswith("Patch b"):
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(replay, "replay_one", then_ctrl_c)
+    ctrl_c_after_patch_b(monkeypatch)
     res = smla(world, "--onto", world["c1"], "--source", str(world["up"]))
     assert res.exit_code == 130, res.output
     hint = res.output.split("hint:", 1)[1]
