@@ -3,7 +3,7 @@
 is set here, before torch/triton are imported, and why GPU tests need their
 own process).
 
-- Dequantisation (the kernel's own `_ds_mla_tile`, driven by a tiny test
+- Dequantisation (the kernel's own `_ds_mla_codes` / `_ds_mla_scale`, driven by a tiny test
   kernel that multiplies its codes by its scale): every one of the 256 e4m3
   codes against torch's float8_e4m3fn -> float32 conversion, times the
   per-128-value float32 scale read from the slot's bytes 512..527.  Exact
@@ -59,27 +59,30 @@ FP16_BOUND = 1e-3
 def smla(vllm_tree):
     mod = load_sparse_mla_module(vllm_tree, interpret=True)
     assert type(mod._sparse_mla_fwd_kernel).__name__ == "InterpretedFunction"
-    if not hasattr(mod, "_ds_mla_tile"):
+    if not hasattr(mod, "_ds_mla_codes"):
         pytest.fail(f"{vllm_tree}: the kernel has no fp8_ds_mla read path")
     return mod
 
 
-_ds_mla_tile = None  # the kernel module's helper, bound by the fixture below
+# the kernel module's helpers, bound by the fixture below
+_ds_mla_codes = _ds_mla_scale = None
 
 
 @triton.jit
 def _dequant_rows(kv_ptr, out_ptr, n_rows, stride_row, BLOCK_N: tl.constexpr,
                   D_NOPE: tl.constexpr, FP8_HW: tl.constexpr):
     """Test driver: float32 [n_rows, D_NOPE] = codes * scale of the kernel's
-    _ds_mla_tile for each 128-value tile of the fp8_ds_mla rows at kv_ptr
-    (row stride in bytes); the codes requested as float16, as the kernel
-    feeds them to its dots."""
+    _ds_mla_codes / _ds_mla_scale for each 128-value tile of the fp8_ds_mla
+    rows at kv_ptr (row stride in bytes); the codes float16, as the kernel
+    feeds them to its dots (the software decode's element-wise form: the
+    interpreter runs no PTX)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     valid = rows < n_rows
     row = kv_ptr + rows.to(tl.int64) * stride_row
     offs = tl.arange(0, 128)
     for tile in tl.static_range(D_NOPE // 128):
-        codes, scale = _ds_mla_tile(row, tile * 128, valid, D_NOPE, FP8_HW, tl.float16)
+        codes = _ds_mla_codes(row, tile * 128, valid, FP8_HW, False)
+        scale = _ds_mla_scale(row, tile * 128, valid, D_NOPE, FP8_HW)
         x = codes.to(tl.float32) * scale[:, None]
         tl.store(out_ptr + rows[:, None] * D_NOPE + tile * 128 + offs[None, :], x,
                  mask=valid[:, None])
@@ -87,8 +90,9 @@ def _dequant_rows(kv_ptr, out_ptr, n_rows, stride_row, BLOCK_N: tl.constexpr,
 
 @pytest.fixture(scope="module")
 def dequant_kernel(smla):
-    global _ds_mla_tile
-    _ds_mla_tile = smla._ds_mla_tile  # the interpreter resolves globals at run time
+    global _ds_mla_codes, _ds_mla_scale
+    # the interpreter resolves globals at run time
+    _ds_mla_codes, _ds_mla_scale = smla._ds_mla_codes, smla._ds_mla_scale
 
     def run(rows: torch.Tensor, hw: bool) -> torch.Tensor:
         out = torch.full((rows.shape[0], R), float("nan"))

@@ -94,7 +94,7 @@ def plans(mod, arch: int, kv_cache_dtype: str = "auto", heads=HEADS, topks=TOPK)
                             split = splits > 1
                             fwd.add((cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["BLOCK_DV"],
                                      cfg["num_warps"], cfg["num_stages"], split,
-                                     bool(cfg.get("FP8_DEQUANT"))))
+                                     bool(cfg.get("FP8_DEQUANT")), cfg.get("maxnreg") or 0))
                             if split:
                                 merge.add((max(16, triton.next_power_of_2(splits)),
                                            4 if splits <= 16 else 8))
@@ -130,18 +130,20 @@ def compile_matrix(arch: int) -> list[dict]:
     runs += [(v, 0, nope_fp8_cfgs if v[1] == "fp8_ds_mla" else nope_cfgs) for v in variants]
     for (dt, kv, hw), d_pe, cfgs in runs:
         fp8 = kv == "fp8_ds_mla"
-        for bh, bn, bdv, warps, stages, split, deq in cfgs:
+        for bh, bn, bdv, warps, stages, split, deq, maxnreg in cfgs:
             # the fp8 codes kernel, or the 16-bit kernel (also for fp8 rows
             # dequantised to 16 bits: FP8_DEQUANT)
             fwd = mod._sparse_mla_fwd_fp8_kernel if fp8 and not deq else mod._sparse_mla_fwd_kernel
             cst = dict(D_NOPE=512, D_PE=d_pe, KV_BS=64, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split,
                        PDL=split and pdl_arch)
             if fp8:
-                # the rope is written as bf16 for either model dtype (the backend)
-                cst.update(FP8_HW=hw, ROPE_DT=tl.bfloat16)
+                # the rope is written as bf16 for either model dtype (the backend); the
+                # software decode in its PTX form, as on a GPU
+                cst.update(FP8_HW=hw, ROPE_DT=tl.bfloat16, PACKED=not hw)
                 assert bdv == 512, bdv  # fp8 programs cover the 512 latent columns
             if fwd is mod._sparse_mla_fwd_kernel:
-                cst.update(KV_FP8=fp8, FP8_HW=hw, ROPE_DT=tl.bfloat16 if fp8 else None)
+                cst.update(KV_FP8=fp8, FP8_HW=hw, ROPE_DT=tl.bfloat16 if fp8 else None,
+                           PACKED=fp8 and not hw)
             if not (fp8 and not deq):
                 cst.update(BLOCK_DV=bdv, IEEE_DOT=False)
             sig = _signature(fwd, dt, dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt",
@@ -150,10 +152,12 @@ def compile_matrix(arch: int) -> list[dict]:
                              set(cst), float_names=("qk_scale",))
             k = triton.compile(ASTSource(fn=fwd, signature=sig, constexprs=cst,
                                          attrs=_runtime_attrs(fwd)), target=target,
-                               options=dict(num_warps=warps, num_stages=stages))
+                               options=dict(num_warps=warps, num_stages=stages,
+                                            **({"maxnreg": maxnreg} if maxnreg else {})))
             rec = dict(arch=arch, kernel="fwd", dtype=dt, kv=kv, nope=d_pe == 0,
                        decode=("hw" if hw else "sw") if fp8 else "-", dequant=deq, BLOCK_H=bh,
                        BLOCK_N=bn, BLOCK_DV=bdv, num_warps=warps, num_stages=stages, split=split,
+                       maxnreg=maxnreg,
                        pdl=cst["PDL"], shared=int(k.metadata.shared))
             out.append(finish_record(rec, k))
     merge = mod._sparse_mla_merge_kernel
