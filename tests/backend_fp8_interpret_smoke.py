@@ -100,7 +100,7 @@ dev = torch.device("cpu")
 heads, dtype = 16, torch.float16
 b, md = T.small_decode_case(m, dtype, dev, heads)
 # the same latent rows, stored as fp8_ds_mla the way the backend writes them
-# for a float16 model (do_kv_cache_update, patch 0013): as bfloat16 rows
+# for a float16 model (do_kv_cache_update, the fp16 writers fix): as bfloat16 rows
 nb = b["kv_cache"].shape[0]
 cache = torch.zeros((nb, 64, 656), dtype=torch.uint8)
 rows = b["kv_cache"].reshape(-1, 576).to(torch.bfloat16)

@@ -5,8 +5,9 @@ graphs on for DeepSeek-V4: ModelConfig resolves the checkpoint's quantization co
 imports vllm.models.deepseek_v4 (get_quantization_config), while VLLM_USE_BREAKABLE_CUDAGRAPH
 is still unset; a forked engine core keeps those modules. Prints one JSON line: whether the V4
 attention op and the sparse indexer op were imported then, and whether each is an eager-break
-wrapper (patch 0022) rather than the bare function. Third-party packages of vLLM's full
-requirements that the toolkit does not install are stood in for by empty modules.
+wrapper (the series' breakable CUDA graphs patch) rather than the bare function. Third-party
+packages of vLLM's full requirements that the toolkit does not install are stood in for by
+empty modules.
 """
 from __future__ import annotations
 

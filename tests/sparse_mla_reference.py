@@ -92,7 +92,7 @@ def provide_triton_utils() -> None:
 
 
 def load_sparse_mla_module(tree: Path, interpret: bool = False):
-    """The attention kernel module of patch 0001 (see load_tree_module)."""
+    """The series' sparse-MLA kernel module (see load_tree_module)."""
     return load_tree_module(tree, MODULE_REL, "smla_triton_sparse_mla", interpret)
 
 

@@ -296,7 +296,7 @@ def test_decode_wrapper_has_no_host_sync(vllm_tree):
 
 
 # ---------------------------------------------------------------------------
-# toy DSA block: indexer -> top-k -> sparse MLA (0001's kernel)
+# toy DSA block: indexer -> top-k -> sparse MLA (the series' sparse_mla_fwd)
 # ---------------------------------------------------------------------------
 
 def check_topk(ours, ref_logits, k):

@@ -1,6 +1,6 @@
 """Compile-only check of the DeepSeek-V4 sparse attention kernels for every GPU arch we
 serve (CPU, no GPU): `_sparse_mla_dsv4_kernel` and `_sparse_mla_dsv4_merge_kernel` of
-vllm/v1/attention/ops/triton_sparse_mla_dsv4.py (patch 0017).
+vllm/v1/attention/ops/triton_sparse_mla_dsv4.py (the series' DeepSeek-V4 attention kernel patch).
 
 For each arch (sm80 86 89 90 100 120 121) the module's own launch plan (`_plan_for`, with
 the SM counts of real parts of that arch, as tests/test_kernel_compile_matrix.py does for

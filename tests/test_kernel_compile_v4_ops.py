@@ -1,6 +1,7 @@
 """Compile-only check of DeepSeek-V4's Triton ops that encode or decode fp8 e4m3, on the line under
 test (CPU, no GPU; the series switched them from `tl.float8e4nv` to the portable `e4m3_encode` /
-`e4m3_decode` of vllm/v1/attention/ops/triton_fp8_e4m3.py: patch 0014 on 0.26.0, 0007 on 0.33.0).
+`e4m3_decode` of vllm/v1/attention/ops/triton_fp8_e4m3.py: the series' "[Kernel] DeepSeek-V4 Triton
+ops" patch, on both lines).
 
 Ops (vllm/models/deepseek_v4/common/ops/) and the kernel each launches, on 0.26.0 / on 0.33.0:
   insert              quantize_and_insert_k_kernel (encode; SWA cache, block 64), both lines

@@ -9,7 +9,7 @@ import lineproofs
 
 LINE_PROOFS = {
     "0.33.0": [("glm53", "test_kda_compile.py", 7),             # KDA launches compile sm80-sm121
-               ("glm53", "test_tree_glm53_tests_cpu.py", 1),    # the tree's mHC tests (patch 0014)
+               ("glm53", "test_tree_glm53_tests_cpu.py", 1),    # the tree's mHC tests (GLM-5.3-Flash mHC patch)
                ("glm53", "test_moe_selection.py", 3),           # FP8 experts: Marlin sm80/86, Triton sm89
                ("glm53", "test_glm53_tiny_checkpoint_config.py", 1),  # the tiny checkpoint's config
                # loads at sm90 (upstream path) and sm86 (the series' portable path)

@@ -1,6 +1,6 @@
-"""The series' own vLLM-style kernel tests (patch 0014,
-tests/kernels/attention/test_triton_{sparse_mla,dsa_indexer}.py, and the
-DeepSeek-V4 attention's test_triton_sparse_mla_dsv4.py of patch 0017, in the
+"""The series' own vLLM-style kernel tests (each in its kernel's patch:
+tests/kernels/attention/test_triton_{sparse_mla,dsa_indexer}.py and the
+DeepSeek-V4 attention's test_triton_sparse_mla_dsv4.py, in the
 patched tree), run on the CPU under the Triton interpreter: each module is
 loaded from the tree with its DEVICE set to "cpu" and its test functions are
 called directly (their CUDA skip marks only apply under pytest collection).
@@ -23,7 +23,7 @@ REL = "tests/kernels/attention/{}.py"
 def _load(tree, name):
     path = tree / REL.format(name)
     if not path.is_file():
-        pytest.fail(f"{REL.format(name)} is missing in the vLLM tree {tree} (patch 0014)")
+        pytest.fail(f"{REL.format(name)} is missing in the vLLM tree {tree} (the series adds it with its kernel)")
     provide_ops_package(tree)
     spec = importlib.util.spec_from_file_location(f"smla_series_{name}", path)
     mod = importlib.util.module_from_spec(spec)

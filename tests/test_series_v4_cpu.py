@@ -1,5 +1,5 @@
-"""The series' DeepSeek-V4 tests that need no GPU (patches 0015-0022: the e4m3
-encoder's routing, the CuTe DSL gates and the Triton compressor path, mHC, o_proj,
+"""The series' DeepSeek-V4 tests that need no GPU (its DeepSeek-V4 and breakable CUDA graphs
+patches: the e4m3 encoder's routing, the CuTe DSL gates and the Triton compressor path, mHC, o_proj,
 the attention class and its selection under a mocked capability), run by pytest as
 vLLM would run them, in a process of their own with the patched tree first on the
 path. Their CUDA cases skip here; tests/gpu runs the kernels on the H200.
@@ -26,11 +26,11 @@ FILES = ["tests/kernels/test_deepseek_v4_attn_selection.py",
          "tests/kernels/attention/test_deepseek_v4_triton_attention.py"]
 
 
-@lineproofs.replaced_on(v0_33_0="its V4 tests are other files (the series' 0007-0013): "
+@lineproofs.replaced_on(v0_33_0="its V4 tests are other files (the series' DeepSeek-V4 patches): "
                                  "tests/lines/0.33.0/v4/test_tree_v4_tests_cpu.py runs them (test_line_v4_proof)")
 def test_series_v4_tests_pass_on_cpu(vllm_tree):
     missing = [f for f in FILES if not (vllm_tree / f).is_file()]
-    assert not missing, f"not in the tree {vllm_tree} (patches 0015-0021): {missing}"
+    assert not missing, f"not in the tree {vllm_tree} (the series' DeepSeek-V4 patches): {missing}"
     env = dict(os.environ, PYTHONPATH=str(vllm_tree))
     for knob in ("TRITON_INTERPRET", "VLLM_DSV4_PORTABLE"):  # the tests set what they need
         env.pop(knob, None)
@@ -46,12 +46,13 @@ def test_series_v4_tests_pass_on_cpu(vllm_tree):
 BREAKABLE_TESTS = "tests/v1/cudagraph/test_breakable_cudagraph.py"
 
 
-@lineproofs.replaced_on(v0_33_0="0.26.0's patch 0022 is not carried (0.33.0's eager_break_during_capture "
-                                 "checks for a capture per call): tests/lines/0.33.0/v4/"
-                                 "test_breakable_cudagraph_fix_present.py runs 0022's test on 0.33.0")
+@lineproofs.replaced_on(v0_33_0="0.26.0's breakable CUDA graphs patch is not carried (0.33.0's "
+                                 "eager_break_during_capture checks for a capture per call): "
+                                 "tests/lines/0.33.0/v4/test_breakable_cudagraph_fix_present.py runs its test on 0.33.0")
 def test_series_breakable_cudagraph_decorator_tests_pass_on_cpu(vllm_tree):
-    """Patch 0022's vLLM-style test and the pass-through one next to it (the file's CUDA cases
-    skip; its runner-metadata test needs llguidance, which the toolkit does not install)."""
+    """The breakable CUDA graphs patch's vLLM-style test and the pass-through one next to it (the
+    file's CUDA cases skip; its runner-metadata test needs llguidance, which the toolkit does not
+    install)."""
     env = dict(os.environ, PYTHONPATH=str(vllm_tree))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--noconftest", "-p", "no:cacheprovider",
                            "-W", "ignore", BREAKABLE_TESTS, "-k", "enabled_after_import or passthrough"],
@@ -60,13 +61,13 @@ def test_series_breakable_cudagraph_decorator_tests_pass_on_cpu(vllm_tree):
     assert proc.returncode == 0 and "2 passed" in tail, tail
 
 
-@lineproofs.replaced_on(v0_33_0="0.26.0's patch 0022 is not carried: tests/lines/0.33.0/v4/"
+@lineproofs.replaced_on(v0_33_0="0.26.0's breakable CUDA graphs patch is not carried: tests/lines/0.33.0/v4/"
                                  "test_breakable_cudagraph_fix_present.py checks 0.33.0 breaks per call")
 def test_v4_ops_stay_eager_breaks_when_imported_before_the_config_enables_them(vllm_tree):
     """The import order of a real engine (tests/series_import_chain.py): the V4 attention op and
     the sparse indexer op, imported while VLLM_USE_BREAKABLE_CUDAGRAPH is unset, are still eager
-    breaks. Without patch 0022 both are the bare functions and the PIECEWISE graphs capture
-    them."""
+    breaks. Without the breakable CUDA graphs patch both are the bare functions and the PIECEWISE
+    graphs capture them."""
     env = dict(os.environ, PYTHONPATH=str(vllm_tree))
     env.pop("VLLM_USE_BREAKABLE_CUDAGRAPH", None)
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("series_import_chain.py"))],
@@ -86,7 +87,7 @@ LINE_PROOFS = {
                ("v4", "test_v4_attention_class_interp.py", 13),        # forward_mqa on a mixed batch
                ("v4", "test_v4_import_without_triton.py", 2),
                ("v4", "test_v4_tiny_checkpoint_config.py", 1),         # the tiny checkpoint's config on 0.33.0
-               ("v4", "test_breakable_cudagraph_fix_present.py", 1)],  # 0.26.0's 0021 test, unpatched 0.33.0
+               ("v4", "test_breakable_cudagraph_fix_present.py", 1)],  # 0.26.0's graphs fix test, unpatched
 }
 
 

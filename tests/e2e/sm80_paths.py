@@ -1,7 +1,7 @@
 """The sm80/86 code paths of the series' kernels on a newer GPU (SMLA_E2E_SM80_PATHS=1, e2e_plugin).
 
 The portable kernels decide two things by the GPU's capability, each in one cached helper of
-its module (patches 0006, 0010, 0014, 0016):
+its module (the series' kernel patches):
   triton_fp8_e4m3._cuda_capability   e4m3 encode/decode in software below sm89 (the cache
                                      writes, compressor, indexer query, and every reader
                                      through fp8_e4m3_hw)

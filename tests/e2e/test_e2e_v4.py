@@ -508,7 +508,7 @@ def test_the_tree_has_the_switches_and_names_the_harness_relies_on(vllm_tree):
     model = _src(vllm_tree, v4 + "nvidia/model.py")
     ops = _src(vllm_tree, v4 + "nvidia/ops/__init__.py")
     o_proj = _src(vllm_tree, v4 + "nvidia/ops/o_proj.py")
-    # VLLM_DSV4_PORTABLE=1 forces every part of the portable path (patch 0020)
+    # VLLM_DSV4_PORTABLE=1 forces every part of the portable path (the V4 attention selection patch)
     assert 'if portable == "1":' in model and 'return DeepseekV4TritonAttention, "forced by VLLM_DSV4_PORTABLE=1"' in model
     assert 'kernels, reason = PORTABLE_MHC, "torch/Triton, forced by VLLM_DSV4_PORTABLE=1"' in portable
     assert 'path, reason = "bf16", "bf16, forced by VLLM_DSV4_PORTABLE=1"' in portable

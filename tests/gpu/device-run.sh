@@ -189,7 +189,7 @@ case "$phase" in
         tests/gpu/test_indexer_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
         > "$out/gpu-tests-speed.log" 2>&1 || rc=$?
       grep -E "^(FAILED|ERROR)" "$out/gpu-tests-speed.log" | cut -c1-200 || true; tail -1 "$out/gpu-tests-speed.log"
-      # the series' own vLLM-style kernel tests (patch 0013; kern/ carries them)
+      # the series' own vLLM-style kernel tests (kern/ carries them)
       PYTHONPATH=$PWD/tests:$PWD/tests/gpu timeout 200 python3 -m pytest -p series_ops_stub \
         -p no:cacheprovider "$b"/kern/tests/kernels/attention/ -q -rA > "$out/series-tests.log" 2>&1 || rc=$?
       tail -1 "$out/series-tests.log"
@@ -269,7 +269,7 @@ case "$phase" in
     [ -f "$b/fm/flash_mla_interface.py" ] && export SMLA_FLASHMLA_INTERFACE=$PWD/$b/fm/flash_mla_interface.py
     [ -d "$b/before" ] && export SMLA_TREE_BEFORE=$PWD/$b/before
     rc=0
-    if [ "${SMLA_SKIP_TESTS:-0}" != 1 ]; then  # the series' V4 kernel test (patch 0016) first
+    if [ "${SMLA_SKIP_TESTS:-0}" != 1 ]; then  # the series' V4 kernel test first
       PYTHONPATH=$PWD/tests:$PWD/tests/gpu timeout 200 python3 -m pytest -p series_ops_stub \
         -p no:cacheprovider "$b"/kern/tests/kernels/attention/test_triton_sparse_mla_dsv4.py -q -rA \
         > "$out/series-dsv4-tests.log" 2>&1 || rc=$?

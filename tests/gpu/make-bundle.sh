@@ -72,7 +72,7 @@ cp "$tree"/vllm/__init__.py "$out/kern/vllm/"  # tests check for a vLLM tree by 
 # the tests provide the package path (tests/sparse_mla_reference.py::provide_ops_package)
 cp "$tree"/vllm/v1/attention/ops/triton_{sparse_mla,sparse_mla_dsv4,dsa_indexer,fp8_e4m3,launch,decode_attention}.py \
   "$out/kern/vllm/v1/attention/ops/"
-# the series' own kernel tests (patches 0013, 0014, 0016), run by device-run.sh speed
+# the series' own kernel tests (each in its kernel's patch), run by device-run.sh speed
 mkdir -p "$out/kern/tests/kernels/attention"
 # the DeepSeek-V4 attention classes, read as text by bench/bench_dsv4.py (their decode calls)
 mkdir -p "$out/kern/vllm/models/deepseek_v4/nvidia"
@@ -85,7 +85,7 @@ if has kpool; then
   bash tests/gpu/kpool-bundle.sh "$out/kpool"
 fi
 
-# the series' DeepSeek-V4 tests (patches 0014-0021: e4m3 ops with the software conversion forced,
+# the series' DeepSeek-V4 tests (its DeepSeek-V4 patches: e4m3 ops with the software conversion forced,
 # mHC, o_proj, CuTe DSL gates, the attention class, breakable CUDA graphs), run by
 # device-run.sh installed against the wheel the e2e run installed; kept apart from kern/, whose
 # tests run without an installed vLLM

@@ -347,7 +347,7 @@ def test_workspace_reserved_no_per_layer_allocation(backend_mod, heads):
     """With vLLM's workspace manager (as the GPU worker sets it up before the
     model is built), the impl reserves the worst case when it is constructed
     under the model's config (model build time, before vLLM's memory
-    profiling; patch 0012), the workspace is then locked (it may not grow any
+    profiling), the workspace is then locked (it may not grow any
     more) and forward_mqa runs without a single CUDA caching-allocator
     allocation: output, slot ids and split-K scratch are views of the shared
     workspace (what FLASHMLA_SPARSE / TRITON_MLA do for their scratch)."""

@@ -77,7 +77,7 @@ def vllm_write():
     one = torch.ones(1, dtype=torch.float32, device="cuda")
 
     def write(kv_c, k_pe, cache, slot_mapping):
-        # as TRITON_MLA_SPARSE.do_kv_cache_update (patch 0013): bfloat16 rows
+        # as TRITON_MLA_SPARSE.do_kv_cache_update (the fp16 writers fix): bfloat16 rows
         # (the op mishandles float16 input: test_upstream_fp16_writer_scales)
         op(kv_c.to(torch.bfloat16), k_pe.to(torch.bfloat16), cache,
            slot_mapping.to(torch.int64), "fp8_ds_mla", one)
@@ -244,7 +244,7 @@ def test_fp8_vs_bf16_cache_same_data(smla, vllm_write):
 
 
 def test_upstream_fp16_writer_scales():
-    """Why patch 0013 writes bfloat16: vLLM's concat_and_cache_mla with
+    """Why the fp16 writers fix writes bfloat16: vLLM's concat_and_cache_mla with
     fp8_ds_mla takes float16 input's raw uint16 bits for the tile maximum, so
     the stored scale is far above amax / 448 (and the codes collapse).  When
     this test fails, upstream has fixed the op (the cast may then go)."""

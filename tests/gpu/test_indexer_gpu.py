@@ -167,7 +167,7 @@ def set_overlap_gpu(a: torch.Tensor, b: torch.Tensor, n_cols: int) -> torch.Tens
 
 
 def attention_compare(smla, latent, q_lat, req_of_row, bt, top_o, top_d, ov, ref_rows):
-    """Sparse MLA (0001) on our top-k and on DeepGEMM's: per-row relative L2
+    """Sparse MLA (sparse_mla_fwd) on our top-k and on DeepGEMM's: per-row relative L2
     difference of the outputs (all rows; rows whose sets agree), and our
     output vs float64 on our own slots (kernel accuracy)."""
     so = smla.convert_req_local_to_slots(req_of_row, bt, top_o, BS)

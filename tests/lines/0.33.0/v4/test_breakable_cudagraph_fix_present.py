@@ -1,7 +1,7 @@
-"""Patch 0022 of the 0.26.0 line (breakable CUDA graphs decide eager breaks per call) is not
+"""The 0.26.0 line's breakable CUDA graphs patch (eager breaks decided per call) is not
 carried onto 0.33.0: 0.33.0's vllm/compilation/breakable_cudagraph.py::eager_break_during_capture
 always installs its wrapper and checks for an active capture per call (no import-time
-is_breakable_cudagraph_enabled() check). This is 0022's own test, run against the clone
+is_breakable_cudagraph_enabled() check). This is that patch's own test, run against the clone
 (= 0.33.0's file, unchanged): it passes without the patch."""
 import port_v4_interp  # noqa: F401
 
