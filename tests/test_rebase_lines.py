@@ -228,3 +228,25 @@ def test_a_new_line_stop_hint_names_that_line(rebase_world, index):
     # old code (with hints on the given line): `smla --line 0.0.1 rebase --continue`
     assert f"`smla --line {NEW} rebase --continue`" in hint and f"`smla --line {NEW} rebase --abort`" in hint
     assert "--line 0.0.1" not in hint
+
+
+def test_selection_failure_blames_the_patches_that_change_the_selection_modules():
+    """A backend the new tree's selector does not pick is reported on the patches that change the
+    registry or the CUDA priorities (by the files they touch, whatever their subjects say), else on
+    the last replayed patch."""
+    from smla.rebase import verify
+    from smla.rebase.report import Outcome
+
+    def outs():
+        return [Outcome("0001-k.patch", "[Kernel] kernels", commits=1),
+                Outcome("0002-a.patch", "[Attention] the backend", commits=1),
+                Outcome("0003-m.patch", "[Model] a model", commits=1)]
+
+    got = outs()
+    verify._blame_selection(got, {"vllm.v1.attention.backends.registry": ["0002-a.patch"],
+                                  "vllm.platforms.cuda": ["0002-a.patch"],
+                                  "vllm.models.x": ["0003-m.patch"]}, "not picked")
+    assert [o.checks for o in got] == [[], ["not picked"], []]
+    got = outs()
+    verify._blame_selection(got, {"vllm.models.x": ["0003-m.patch"]}, "not picked")
+    assert [o.checks for o in got] == [[], [], ["not picked"]]

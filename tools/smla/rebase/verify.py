@@ -54,7 +54,7 @@ def check(root: Path, tree: Path, state: dict, outs: list[Outcome], *, complete:
         res["imports"]["by_patch"] = {o.name: sorted(m for m, ps in touched.items() if o.name in ps)
                                       for o in outs if any(o.name in ps for ps in touched.values())}
         if complete:
-            res["selection"] = _selection(new, old, tree, state["new_base"], outs)
+            res["selection"] = _selection(new, old, tree, state["new_base"], outs, touched)
     if complete and run_tests:
         res["tests"] = run_cpu_suite(root, tree, line, echo)
         if not res["tests"]["passed"] and res["tests"].get("ran", True):
@@ -145,14 +145,15 @@ def _cell_label(r: dict) -> str:
     return f"{r['preset']} sm{r['capability']} {r['dtype']} kv {r['kv_cache_dtype']} {r['heads']} heads"
 
 
-def _selection(new: Path, old: Path, tree: Path, new_base: str, outs: list[Outcome]) -> dict:
+def _selection(new: Path, old: Path, tree: Path, new_base: str, outs: list[Outcome],
+               touched: dict[str, list[str]]) -> dict:
     if not (_has_selector(new) and _has_selector(old)):
         return {"ran": False, "note": "skipped: not a vLLM tree with vllm/v1/attention/selector.py", "failed": []}
     try:
         was, now = selection.run_selections([(old, SERIES_CELLS), (new, SERIES_CELLS)])
     except Exception as exc:  # the selector itself does not run on the new tree
         msg = getattr(exc, "message", str(exc)).strip().splitlines()[-1:] or ["?"]
-        _blame_selection(outs, f"the new tree's selector does not run: {msg[0][:300]}")
+        _blame_selection(outs, touched, f"the new tree's selector does not run: {msg[0][:300]}")
         return {"ran": True, "failed": [{"cell": "all", "error": msg[0][:300]}], "promised": None}
     promised = [(w, n) for w, n in zip(was, now) if w.get("selected") == OURS]
     wrong = [(w, n) for w, n in promised if n.get("selected") != OURS]
@@ -167,15 +168,21 @@ def _selection(new: Path, old: Path, tree: Path, new_base: str, outs: list[Outco
                 failed.append({"cell": _cell_label(n), "selected": n.get("selected"),
                                "error": (n.get("error") or n.get("input_error") or "")[:300]})
     if failed:
-        _blame_selection(outs, f"the selector does not pick {OURS} in {len(failed)} of the {len(promised)} cells "
+        _blame_selection(outs, touched,
+                         f"the selector does not pick {OURS} in {len(failed)} of the {len(promised)} cells "
                                f"the series fills (e.g. {failed[0]['cell']}: {failed[0]['selected'] or 'no backend'})")
     return {"ran": True, "promised": len(promised), "failed": failed, "closed_upstream": closed}
 
 
-def _blame_selection(outs: list[Outcome], msg: str) -> None:
-    """A selection failure belongs to the patches that register or order the backend: those whose
-    subject says so, else the last replayed one."""
-    hit = [o for o in outs if o.commits and any(w in o.subject.lower() for w in ("register", "priorit"))]
+# The modules that register attention backends and order them per platform.
+SELECTION_MODULES = ("vllm.v1.attention.backends.registry", "vllm.platforms.cuda")
+
+
+def _blame_selection(outs: list[Outcome], touched: dict[str, list[str]], msg: str) -> None:
+    """A selection failure belongs to the patches that register or order the backend: those that
+    change SELECTION_MODULES (touched: {module: [patch names]}), else the last replayed one."""
+    names = {n for m in SELECTION_MODULES for n in touched.get(m, [])}
+    hit = [o for o in outs if o.commits and o.name in names]
     for o in hit or [o for o in outs if o.commits][-1:]:
         o.checks.append(msg)
 
