@@ -242,6 +242,21 @@ def test_kernel_fp8_both_kernels(smla, H, dequant):
                                   "fp8_ds_mla")["FP8_DEQUANT"] == want
 
 
+def test_fp8_codes_tile_register_cap(smla):
+    """The codes kernel's register cap (maxnreg 168) comes with the <= 16-head tile on ~227 KB
+    parts (sm90), for long and short grids alike (both measured on the H200); no other part,
+    kernel or cache gets one (a cap spills registers: it is measured per part)."""
+    cfg, bf16 = smla._config_for, torch.bfloat16
+    for T in (1, 256, 4096):
+        got = cfg(16, T, 2048, bf16, 132, (9, 0), kv_fp8=True)
+        assert not got["FP8_DEQUANT"], T
+        assert (got["BLOCK_N"], got["num_warps"], got["maxnreg"]) == (32, 4, 168), T
+    for cap in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0)):
+        assert cfg(16, 4096, 2048, bf16, 132, cap, kv_fp8=True)["maxnreg"] is None, cap
+    assert cfg(64, 4096, 2048, bf16, 132, (9, 0), kv_fp8=True)["maxnreg"] is None  # dequantised
+    assert cfg(16, 4096, 2048, bf16, 132, (9, 0))["maxnreg"] is None  # 16-bit cache
+
+
 def test_kernel_fp8_flat_and_split_q(smla):
     """[num_slots, 656] cache, query given as (q_nope, q_pe) strided views,
     split-K; a BLOCK_DV other than the whole latent width is refused (the fp8
