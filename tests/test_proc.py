@@ -48,3 +48,28 @@ def test_one_way_to_run_git():
         if p.name != "proc.py":
             assert not re.search(r"\bsubprocess\.(run|Popen|call|check_output)\(", text), p
     assert "gitpython" not in (REPO_ROOT / "pyproject.toml").read_text().lower()
+
+
+def test_a_child_stopped_by_ctrl_c_stops_the_command(tmp_path):
+    """Ctrl-C reaches the whole foreground group; a child that dies of it (or exits 130 from its
+    own handler) before this process takes its own SIGINT must still stop the command as Ctrl-C
+    does (the CLI: exit 130, scratch files removed), not as a failed command (exit 12); inside
+    signals_held (a clean-up) only when the block ends."""
+    import signal
+    import sys
+
+    import pytest
+
+    for code in (f"import os, signal; os.kill(os.getpid(), {int(signal.SIGINT)})",
+                 "raise SystemExit(130)"):
+        for check in (True, False):
+            with pytest.raises(KeyboardInterrupt):
+                proc.run([sys.executable, "-c", code], check=check, cwd=tmp_path)
+    # (children inherit the held mask: only an exit of 130 can say Ctrl-C there)
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with proc.signals_held():
+            proc.run([sys.executable, "-c", "raise SystemExit(130)"], check=False, cwd=tmp_path)
+            done.append("the clean-up ran to its end")
+    assert done
+    assert proc.run([sys.executable, "-c", "raise SystemExit(3)"], check=False).returncode == 3

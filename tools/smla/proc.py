@@ -72,6 +72,10 @@ def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# How a child stopped by SIGINT exits: killed by it, or 128 + 2 from its own handler.
+INTERRUPTED_EXITS = (-signal.SIGINT, 128 + signal.SIGINT)
+
+
 def run(
     argv: Sequence[str | os.PathLike],
     *,
@@ -108,6 +112,11 @@ def run(
         raise CommandError(f"program not found: {args[0]}", hint=f"install {args[0]}") from exc
     except subprocess.TimeoutExpired as exc:
         raise CommandError(f"timed out after {timeout:.0f}s: {shlex.join(args)}") from exc
+    if proc.returncode in INTERRUPTED_EXITS:
+        # The child died of Ctrl-C, which reaches the whole foreground group: this process takes
+        # it too, once whether or not its own SIGINT has arrived yet (while signals_held blocks
+        # it, when the block ends), so the command stops as on Ctrl-C, not as a failed command.
+        signal.raise_signal(signal.SIGINT)
     if proc.returncode != 0:
         log.debug("exit %d; stderr: %s", proc.returncode, proc.stderr.strip())
         if check:
