@@ -5,7 +5,8 @@ its module (the series' kernel patches):
   triton_fp8_e4m3._cuda_capability   e4m3 encode/decode in software below sm89 (the cache
                                      writes, compressor, indexer query, and every reader
                                      through fp8_e4m3_hw)
-  triton_sparse_mla_dsv4._cuda_info  DeepSeek-V4 attention: software e4m3 decode below sm89
+  triton_sparse_mla._cuda_info       sparse-MLA attention, DSA and DeepSeek-V4 (the V4 kernel
+                                     shares this device query): software e4m3 decode below sm89
   triton_dsa_indexer._cuda_info      indexer logits: software e4m3 decode and 16-bit dots
                                      instead of fp8 tensor cores below sm89
 With the variable set, this engine's process sees capability 8.0 in those three helpers (the
@@ -30,7 +31,7 @@ SM80_ENV = "SMLA_E2E_SM80_PATHS"
 PREFIX = "SMLA_SM80"
 CAPABILITY = (8, 0)
 _OPS = "vllm.v1.attention.ops."
-MODULES = (_OPS + "triton_fp8_e4m3", _OPS + "triton_sparse_mla_dsv4", _OPS + "triton_dsa_indexer")
+MODULES = (_OPS + "triton_fp8_e4m3", _OPS + "triton_sparse_mla", _OPS + "triton_dsa_indexer")
 # worker_view() with the sm80 paths: no GPU e4m3 conversion, capability 8.0, no fp8 tensor cores
 SM80_VIEW = {"fp8_e4m3_hw": False, "dsv4_capability": [8, 0], "indexer_fp8_mma": False}
 
