@@ -13,7 +13,6 @@ us, flashmla_us, vs_fm, err).  bench/results/sweeps/2026-12-02b/ holds two runs 
 """
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 import bench_attention as ba  # noqa: E402
 from sparse_mla_reference import load_tree_module  # noqa: E402
-from timing import median_us  # noqa: E402
+from timing import median_us, prewarm_workers  # noqa: E402
 
 REL = "vllm/v1/attention/ops/triton_sparse_mla.py"
 SPEC = json.loads(Path(sys.argv[2]).read_text())
@@ -73,11 +72,7 @@ def main():
         worker(args[1])
         return
     if args and args[0] == "--prewarm":
-        n = int(args[1])
-        ps = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:4], "--worker", f"{i}/{n}"])
-              for i in range(n)]
-        for p in ps:
-            p.wait()
+        prewarm_workers(__file__, int(args[1]), sys.argv[1:])
     M = mods()
     torch.ops.load_library(os.environ["SMLA_FLASHMLA_SO"])
     bw = ba.copy_tbps()
