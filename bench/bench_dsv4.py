@@ -42,7 +42,8 @@ float64 on the first 2 tokens.  Output: OUT_DIR/dsv4.json {"copy_tbps", "rows"}.
 warps:stages, passed as the kernel's `config`), timed and checked against float64 the same
 way: row["sweep"]. Only the plan the engine uses is "ours_us"; the sweep finds candidates.
 env: SMLA_TREE (the patched tree or the bundle's kern/), SMLA_TREE_BEFORE (optional),
-     SMLA_FLASHMLA_SO, SMLA_FLASHMLA_INTERFACE
+     SMLA_FLASHMLA_SO, SMLA_FLASHMLA_INTERFACE, SMLA_DSV4_SWEEP (space-separated configs
+     replacing SWEEP)
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from sparse_mla_reference import load_tree_module, rel_err  # noqa: E402
+from sparse_mla_reference import load_tree_module, provide_ops_package, rel_err  # noqa: E402
 from timing import copy_tbps, kernel_modules, median_us, parse_args  # noqa: E402
 
 KERNEL = "vllm/v1/attention/ops/triton_sparse_mla_dsv4.py"
@@ -85,7 +86,8 @@ SMOKE_BOUND = 2e-3  # fp16, the series' test bound
 # --sweep: the same call with its launch config overridden (sparse_mla_dsv4_decode's `config`;
 # splits follow from BLOCK_H as in the plan): candidates for the register-bound 64-head decode
 # (bench/README.md, "DeepSeek-V4"), as BLOCK_H:BLOCK_N:num_warps:num_stages
-SWEEP = ("16:32:8:1", "32:16:8:1", "32:16:4:1", "32:32:8:2", "32:16:8:2", "64:16:8:1")
+SWEEP = tuple(os.environ.get("SMLA_DSV4_SWEEP", "").split()) or (
+    "16:32:8:1", "32:16:8:1", "32:16:4:1", "32:32:8:2", "32:16:8:2", "64:16:8:1")
 SMOKE_SWEEP = ("16:32:8:1", "32:16:4:1")  # the interpreter ignores warps and stages
 
 
@@ -140,7 +142,13 @@ def evaluate(form, ns: dict):
 
 
 def series_test_module(device: str):
-    """The series' kernel test module (its cache writer and float64 reference)."""
+    """The series' kernel test module (its cache writer and float64 reference); it imports
+    vllm.platforms, which the bundle lacks: the harness stand-in answers (tests/gpu)."""
+    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    from platform_stand_in import provide_platforms
+
+    provide_ops_package(tree())
+    provide_platforms()
     mod = load_tree_module(tree(), SERIES_TEST, "smla_dsv4_series_test",
                            interpret=os.environ.get("TRITON_INTERPRET") == "1")
     mod.DEVICE = "cpu"  # rows and reference stay on the host; caches are moved below
@@ -360,7 +368,7 @@ def main() -> None:
                 ours = Ours(mod, ours_form, x, workspace)
                 if hasattr(mod, "_plan"):
                     r["ours_plan"] = mod._plan(x["q"].device, B, HEADS, r["swa_width"],
-                                               r["extra_width"])
+                                               r["extra_width"], fp8=True)
                 r["ours_us"] = median_us(ours, graph=True)
                 got = ours().clone()
                 r["rel_err_vs_f64"] = f64_err(tm, caches, x, got)

@@ -246,9 +246,10 @@ def test_paged_decode_mtp_2d_context_lens(mod, fp8_mma):
     out = mod.paged_mqa_logits(q_fp8, kv, w, lens2d, bt, 96, config=dict(BLOCK_N=32),
                                fp8_mma=fp8_mma)
     assert_logits(out, ref)
-    several = mod.paged_mqa_logits(q_fp8, kv, w, lens2d, bt, 96, fp8_mma=fp8_mma,
-                                   config=dict(BLOCK_N=16, keys_per_program=64))
-    assert torch.equal(several, out)
+    for programs in (1, 2, 5):  # each request's tiles shared by 1 / 2 / 5 programs
+        several = mod.paged_mqa_logits(q_fp8, kv, w, lens2d, bt, 96, fp8_mma=fp8_mma,
+                                       config=dict(BLOCK_N=16, programs=programs))
+        assert torch.equal(several, out), programs
     assert torch.isneginf(out[3]).all()
     for r, L in enumerate(row_lengths(lens2d, next_n).tolist()):
         assert torch.isfinite(out[r, :L]).all() and torch.isneginf(out[r, L:]).all()
@@ -266,9 +267,12 @@ def test_paged_decode_mtp_1d_context_lens(mod):
     assert_logits(out, ref)
     out_b1 = mod.paged_mqa_logits(q_fp8, kv, w, ctx[:, None], bt, 80, config=dict(BLOCK_N=16))
     assert torch.equal(out_b1, out)
-    # several key tiles per program (the last one past max_model_len)
-    out_t = mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, 80, config=dict(BLOCK_N=16, keys_per_program=48))
-    assert torch.equal(out_t, out)
+    # a request's tiles (and the -inf fill past its longest row) shared by 1..7
+    # programs: several tiles per program, programs with nothing below the length
+    for programs in (1, 3, 7):
+        out_t = mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, 80,
+                                     config=dict(BLOCK_N=16, programs=programs))
+        assert torch.equal(out_t, out), programs
     # clean_logits=False: inside the bounds identical
     out_nc = mod.paged_mqa_logits(q_fp8, kv, w, ctx, bt, 80, config=dict(BLOCK_N=16), clean_logits=False)
     fin = torch.isfinite(ref)

@@ -1,5 +1,6 @@
 """Compile-only check of the DeepSeek-V4 sparse attention kernels for every GPU arch we
-serve (CPU, no GPU): `_sparse_mla_dsv4_kernel` and `_sparse_mla_dsv4_merge_kernel` of
+serve (CPU, no GPU): `_sparse_mla_dsv4_fp8_kernel` (decode), `_sparse_mla_dsv4_kernel`
+(prefill) and `_sparse_mla_dsv4_merge_kernel` of
 vllm/v1/attention/ops/triton_sparse_mla_dsv4.py (the series' DeepSeek-V4 attention kernel patch).
 
 For each arch (sm80 86 89 90 100 120 121) the module's own launch plan (`_plan_for`, with
@@ -47,16 +48,17 @@ LISTS = ((128, 0), (128, 512), (128, 128), (128, 8192), (640, 0), (2688, 0), (10
 # split-K scratch, the caches (blocks of 64 x 584 B padded to a multiple of 576 B; C128's
 # 2-entry blocks 1,728 B) and the gathered workspace's 512-element rows.  The index lists'
 # row strides are not marked: a prefill's combined list width need not be a multiple of 4.
-ALIGNED = {"q_ptr", "out_ptr", "part_ptr", "kv1_ptr", "kv2_ptr", "stride_q_t", "stride_q_h",
-           "stride_o_t", "stride_o_h", "stride_kv1", "stride_kv2"}
+ALIGNED = {"q_ptr", "out_ptr", "part_ptr", "kv1_ptr", "kv2_ptr", "kv_ptr", "stride_q_t",
+           "stride_q_h", "stride_o_t", "stride_o_h", "stride_kv1", "stride_kv2", "stride_kv"}
 
 
 def _attrs(fn) -> dict:
     return {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in ALIGNED}
 
 
-def plans(mod, arch: int):
-    """(attention configs, merge configs) `_plan_for` can launch on `arch`."""
+def plans(mod, arch: int, fp8: bool):
+    """(attention configs, merge configs) `_plan_for` can launch on `arch` for the fp8 decode
+    kernel (fp8) or the 16-bit one."""
     import triton
 
     fwd, merge = set(), set()
@@ -64,7 +66,7 @@ def plans(mod, arch: int):
         for H in PADDED_HEADS:
             for T in TOKENS:
                 for K1, K2 in LISTS:
-                    p = mod._plan_for(sms, T, H, K1, K2, None, None, None)
+                    p = mod._plan_for(sms, T, H, K1, K2, None, None, None, fp8=fp8)
                     split = p["num_splits"] > 1
                     fwd.add((p["BLOCK_H"], p["BLOCK_N"], p["num_warps"], p["num_stages"], split))
                     if split:
@@ -83,7 +85,8 @@ def compile_dsv4(arch: int) -> list[dict]:
 
     mod = load_tree_module(default_tree(), REL, "smla_dsv4_compile")
     target = GPUTarget("cuda", arch, 32)
-    fwd_cfgs, merge_cfgs = plans(mod, arch)
+    fwd_cfgs = {fp8: plans(mod, arch, fp8)[0] for fp8 in (False, True)}
+    merge_cfgs = sorted(set(plans(mod, arch, False)[1]) | set(plans(mod, arch, True)[1]))
     # (name, dtype, fp8 cache, hardware e4m3, list 2 present)
     variants = [("decode", "bf16", True, arch >= 89, True),
                 ("decode-swa", "bf16", True, arch >= 89, False),
@@ -91,18 +94,23 @@ def compile_dsv4(arch: int) -> list[dict]:
                 ("prefill", "fp16", False, False, False)]
     if arch >= 89:
         variants.append(("decode", "bf16", True, False, True))
-    fn = mod._sparse_mla_dsv4_kernel
     out = []
     for name, dt, fp8, hw, two in variants:
-        for bh, bn, warps, stages, split in fwd_cfgs:
-            cst = dict(KV_FP8=fp8, BS1=64 if fp8 else 1, BS2=(64 if two else 1) if fp8 else 1,
-                       HAS_LEN1=True, HAS_LEN2=two, HAS_SINK=True, BLOCK_H=bh, BLOCK_N=bn,
-                       SPLIT=split, FP8_HW=hw)
-            kv = "u8" if fp8 else "dt"
-            sig = _signature(fn, dt, dict(q_ptr="dt", out_ptr="dt", part_ptr="fp32",
-                                          sink_ptr="fp32", idx1_ptr="i32", len1_ptr="i32",
-                                          kv1_ptr=kv, idx2_ptr="i32", len2_ptr="i32", kv2_ptr=kv),
-                             set(cst), float_names=("qk_scale",))
+        for bh, bn, warps, stages, split in fwd_cfgs[fp8]:
+            if fp8:
+                fn = mod._sparse_mla_dsv4_fp8_kernel
+                cst = dict(BS1=64, BS2=64, HAS_LEN1=True, HAS_LEN2=two,
+                           HAS_SINK=True, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split, FP8_HW=hw,
+                           PACKED=True)
+                ptrs = dict(q_ptr="dt", out_ptr="dt", part_ptr="fp32", sink_ptr="fp32",
+                            idx1_ptr="i32", len1_ptr="i32", kv1_ptr="u8", idx2_ptr="i32",
+                            len2_ptr="i32", kv2_ptr="u8")
+            else:
+                fn = mod._sparse_mla_dsv4_kernel
+                cst = dict(HAS_LEN=True, HAS_SINK=True, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split)
+                ptrs = dict(q_ptr="dt", out_ptr="dt", part_ptr="fp32", sink_ptr="fp32",
+                            idx_ptr="i32", len_ptr="i32", kv_ptr="dt")
+            sig = _signature(fn, dt, ptrs, set(cst), float_names=("qk_scale",))
             k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cst, attrs=_attrs(fn)),
                                target=target, options=dict(num_warps=warps, num_stages=stages))
             rec = dict(arch=arch, kernel="fwd", call=name, dtype=dt, fp8_cache=fp8,
@@ -142,6 +150,9 @@ def test_every_dsv4_config_compiles(children, arch):
     if arch >= 89:
         want.add(("decode", "bf16", "sw"))
     assert kinds == want, kinds
+    # the fp8 decode's own plan: two stages, 16-row tiles where the grid is wide
+    assert {x["num_stages"] for x in fwd if x["fp8_cache"]} == {2}
+    assert {x["BLOCK_N"] for x in fwd if x["fp8_cache"]} == {16, 32}
     assert any(x["kernel"] == "merge" for x in recs)
     assert_compiled(recs)
     for x in fwd:

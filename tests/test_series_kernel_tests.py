@@ -135,3 +135,4 @@ def test_series_dsv4_tests_can_fail(dsv4):
 @pytest.mark.parametrize("sms", [16, 132])
 def test_series_dsv4_plan(dsv4, sms):
     dsv4.test_plan_head_blocks_and_scratch_bound(sms)
+    dsv4.test_fp8_plan_keeps_the_split(sms)

@@ -56,7 +56,8 @@ REL = "vllm/v1/attention/ops/triton_dsa_indexer.py"
 # (context lengths per request, queries per request)
 PREFILL = [([65536], [512]), ([16384], [4096]), ([8192], [1024])]
 # (batch, context, next_n); "mixed": lengths spread over 1..64k
-DECODE = [(32, 65536, 1), (128, 16384, 1), (1, 65536, 1), (32, 65536, 2), (64, "mixed", 1)]
+DECODE = [(32, 65536, 1), (128, 16384, 1), (1, 65536, 1), (64, 4096, 1), (32, 65536, 2),
+          (64, "mixed", 1)]
 MAX_MODEL_LEN = 65536
 TOPK = 2048
 KEY_BYTES = D + 4
@@ -153,10 +154,10 @@ def dsv4(idx, dg, ops, emit, bw):
         torch.cuda.empty_cache()
 
 
-SWEEP_DECODE = [dict(BLOCK_N=n, num_warps=w, num_stages=st, keys_per_program=kp)
-                for n, w, st, kp in ((64, 4, 4, None), (64, 4, 6, None), (128, 4, 3, None),
-                                     (128, 4, 4, None), (128, 8, 4, None), (64, 4, 4, 512),
-                                     (64, 4, 4, 4096), (128, 4, 4, 4096), (64, 8, 6, None))]
+SWEEP_DECODE = [dict(BLOCK_N=n, num_warps=w, num_stages=st, programs=g)
+                for n, w, st, g in ((64, 4, 4, None), (64, 4, 6, None), (128, 4, 3, None),
+                                    (128, 4, 4, None), (128, 8, 4, None), (64, 4, 6, 2),
+                                    (64, 4, 6, 16), (64, 4, 3, None), (64, 8, 6, None))]
 SWEEP_PREFILL = [dict(QROWS=q, BLOCK_N=n, num_warps=w, num_stages=st)
                  for q, n, w, st in ((2, 128, 8, 3), (4, 128, 8, 3), (2, 128, 8, 4), (1, 128, 4, 3),
                                      (2, 64, 4, 3), (4, 64, 4, 3), (4, 128, 8, 2), (8, 64, 8, 3))]
@@ -225,9 +226,9 @@ def main():
                      deepgemm_us=dg_us, tflops=flops / (us * 1e-6) / 1e12)
             if dg_us:
                 r["ours_vs_deepgemm"] = us / dg_us
-            if before is not None and path == "software":
-                r["before_us"] = bench(lambda: before.mqa_logits(qf, kc, ksc, wq, ks, ke,
-                                                                 clean_logits=False))
+            if before is not None:  # the previous kernels on the same path
+                r["before_us"] = bench(lambda: before.mqa_logits(
+                    qf, kc, ksc, wq, ks, ke, clean_logits=False, fp8_mma=mma))
             emit(r)
         del qf, kc, ksc, wq
         torch.cuda.empty_cache()
@@ -275,9 +276,9 @@ def main():
                     case["lens2d"], topk_out), graph=True)
                 r["step_deepgemm_persistent_topk_us"] = dg_step
                 r["step_deepgemm_same_topk_us"] = dg_step_same
-            if before is not None and path == "software":
-                r["before_us"] = bench(lambda: before.paged_mqa_logits(*a, clean_logits=False),
-                                       graph=True)
+            if before is not None:  # the previous kernels on the same path
+                r["before_us"] = bench(lambda: before.paged_mqa_logits(
+                    *a, clean_logits=False, fp8_mma=mma), graph=True)
             if i == 0:
                 r["host_us"] = host_us(lambda: idx.paged_mqa_logits(
                     *a, clean_logits=False, fp8_mma=mma))
