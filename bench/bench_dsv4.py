@@ -35,7 +35,7 @@ decode step (one query token per request), timed as CUDA-graph replays
 the run.  Numerics: ours vs FlashMLA (relative norm error, all tokens) and both vs
 float64 on the first 2 tokens.  Output: OUT_DIR/dsv4.json {"copy_tbps", "rows"}.
 
-  python bench/bench_dsv4.py OUT_DIR [--quick] [--sweep]
+  python bench/bench_dsv4.py OUT_DIR [--quick] [--sweep] [--batch N ...]
   python bench/bench_dsv4.py OUT_DIR --cpu-smoke [--sweep]   (TRITON_INTERPRET=1, tiny
         shapes, fp16 (the interpreter has no bf16 arithmetic), ours only, vs float64)
 --sweep: per cell also the same call with each launch config of SWEEP (BLOCK_H:BLOCK_N:
@@ -333,8 +333,11 @@ def cpu_smoke(out_dir: Path, sweep: bool = False) -> int:
 
 
 def main() -> None:
-    args = parse_args(__doc__, lambda ap: ap.add_argument(
-        "--cpu-smoke", action="store_true", help="TRITON_INTERPRET=1, tiny shapes, ours only"))
+    args = parse_args(__doc__, lambda ap: (
+        ap.add_argument("--cpu-smoke", action="store_true",
+                        help="TRITON_INTERPRET=1, tiny shapes, ours only"),
+        ap.add_argument("--batch", type=int, action="append",
+                        help="only this batch (repeatable; default 1, 16, 64, --quick 1 and 64)")))
     if args.cpu_smoke:
         sys.exit(cpu_smoke(args.out_dir, args.sweep))
     before_tree = os.environ.get("SMLA_TREE_BEFORE")
@@ -353,6 +356,7 @@ def main() -> None:
     # one workspace for the split-K scratch, as the class's workspace manager
     workspace = torch.empty(1 << 26, dtype=torch.float32, device="cuda")
     batches, contexts = ([1, 64], [8192]) if args.quick else (BATCHES, CONTEXTS)
+    batches = args.batch or batches
     rows = []
     for layer in LAYERS:
         for ctx in contexts:
