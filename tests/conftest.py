@@ -231,3 +231,34 @@ def index(_index_server, monkeypatch, tmp_path):
     monkeypatch.setenv("SMLA_CACHE_DIR", str(tmp_path / "cache"))
     yield _index_server
     _index_server.reset()
+
+
+def _untracked() -> set[str] | None:
+    """The checkout's untracked, not ignored files (None where it is no git checkout, e.g.
+    the GPU machine's copy)."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "--others",
+                               "--exclude-standard"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(proc.stdout.splitlines()) if proc.returncode == 0 else None
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_UNTRACKED] = _untracked()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A test writes into tmp_path, never into the checkout: new untracked files fail the run."""
+    before = session.config.stash.get(_UNTRACKED, None)
+    after = _untracked() if before is not None else None
+    new = sorted(after - before) if after is not None else []
+    if new:
+        print(f"\nERROR: the tests left new files in the checkout: {', '.join(new)} "
+              "(a test writes into tmp_path)")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_UNTRACKED = pytest.StashKey[set]()

@@ -2,7 +2,8 @@
 the attention class of pristine vLLM 0.33.0 (<tree>, branch v033 = 0.33.0 + the
 e4m3 helpers) and of the clone, per capability 8.0-12.1 (mocked), FlashInfer's sm120 kernel
 present/absent, KernelConfig.deepseek_v4_kernels auto/upstream/portable, no backend and explicit
-backends (selection_table.py in a subprocess per tree). Writes selection_table.json here."""
+backends (selection_table.py in a subprocess per tree). SMLA_SELECTION_TABLE_OUT=PATH keeps
+both tables as JSON there (the source tree stays as it was)."""
 import json
 import os
 import subprocess
@@ -33,7 +34,8 @@ def table(tree):
 @pytest.fixture(scope="module")
 def tables():
     got = {"pristine": table(PRISTINE), "patched": table(TREE)}
-    (HERE / "selection_table.json").write_text(json.dumps(got, indent=1))
+    if os.environ.get("SMLA_SELECTION_TABLE_OUT"):
+        Path(os.environ["SMLA_SELECTION_TABLE_OUT"]).write_text(json.dumps(got, indent=1))
     return got
 
 
