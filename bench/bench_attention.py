@@ -181,13 +181,31 @@ SWEEP_BF16 = [dict(BLOCK_H=h, BLOCK_N=n, num_warps=w, num_stages=st)
               for h, n, w, st in ((32, 64, 8, 2), (64, 64, 8, 2), (16, 32, 4, 2), (32, 32, 4, 3))]
 
 
-def sweep_cells():
-    """(tokens, cache, path, config) of --sweep."""
-    return [(T, cache, path, cfg) for T in SWEEP_TOKENS for cache, path in VARIANTS
+# --sweep-bf16 H[,H]: the 16-bit kernel's tiles for these head counts (the
+# launch table's bf16 rows held under both Tritons, issue 32), bf16 cache only,
+# at --tokens (default 1024, 4096); the first config of each is today's pick
+SWEEP_BF16_TILES = {
+    16: [(16, 32, 4, 2), (16, 32, 4, 3), (16, 64, 4, 2), (16, 64, 8, 2), (16, 32, 8, 2),
+         (16, 16, 4, 3), (16, 64, 4, 3), (16, 32, 2, 2)],
+    32: [(32, 64, 4, 2), (32, 64, 8, 2), (32, 32, 4, 2), (32, 32, 4, 3), (32, 64, 4, 3),
+         (32, 32, 8, 3), (64, 64, 8, 2)],
+    64: [(64, 64, 8, 2), (64, 32, 8, 2), (64, 32, 8, 3), (64, 16, 8, 4), (64, 16, 4, 4),
+         (64, 64, 8, 1), (64, 128, 16, 1), (64, 128, 8, 1)],
+}
+
+
+def sweep_cells(bf16_heads=None, tokens=None):
+    """(heads, tokens, cache, path, config) of --sweep, or of --sweep-bf16."""
+    if bf16_heads:
+        return [(H, T, "bfloat16", None,
+                 dict(BLOCK_H=h, BLOCK_N=n, num_warps=w, num_stages=st))
+                for H in bf16_heads for T in tokens
+                for h, n, w, st in SWEEP_BF16_TILES[min(SWEEP_BF16_TILES, key=lambda k: abs(k - H))]]
+    return [(SWEEP_HEADS, T, cache, path, cfg) for T in SWEEP_TOKENS for cache, path in VARIANTS
             for cfg in (SWEEP_BF16 if path is None else SWEEP_FP8)]
 
 
-def prewarm_worker(mod, which: str, heads, tokens, sweep: bool) -> None:
+def prewarm_worker(mod, which: str, heads, tokens, sweep: list, bf16_only: bool) -> None:
     """Compile every launch of the grid once on a small cache (Triton's disk
     cache then serves the timed process): cells i::n of the grid."""
     i, n = map(int, which.split("/"))
@@ -195,7 +213,8 @@ def prewarm_worker(mod, which: str, heads, tokens, sweep: bool) -> None:
     nb = 64
     small = {"bfloat16": torch.randn((nb, BS, R + P), generator=gen, device="cuda"
                                      ).to(torch.bfloat16)}
-    cells = [(H, T, v) for H in heads for T in tokens for v in VARIANTS][i::n]
+    cells = [] if bf16_only else [(H, T, v) for H in heads for T in tokens for v in VARIANTS]
+    cells = cells[i::n]
     for H, T, (cache, path) in cells:
         kv = small.get(cache)
         if kv is None:
@@ -207,15 +226,18 @@ def prewarm_worker(mod, which: str, heads, tokens, sweep: bool) -> None:
         if path is not None:
             other_fp8(mod, kv, T, H, path)[1](ql, qpe, slots)
     if sweep:
-        for T, cache, path, cfg in sweep_cells()[i::n]:
+        # one compile per launch config: the token count changes only the grid
+        once = {(H, cache, path, tuple(cfg.items())): (H, T, cache, path, cfg)
+                for H, T, cache, path, cfg in reversed(sweep)}
+        for H, T, cache, path, cfg in list(once.values())[::-1][i::n]:
             kv = small.get(cache)
             if kv is None:
                 kv = small[cache] = fp8_small(gen, nb)
-            ql, qpe = engine_query(T, SWEEP_HEADS, gen)
+            ql, qpe = engine_query(T, H, gen)
             slots = torch.randint(0, nb * BS, (T, TOPK), generator=gen, device="cuda",
                                   dtype=torch.int32)
             try:
-                Ours(mod, kv, T, SWEEP_HEADS, cache, path, dict(cfg))(ql, qpe, slots)
+                Ours(mod, kv, T, H, cache, path, dict(cfg))(ql, qpe, slots)
             except Exception as e:  # noqa: BLE001 (a config that does not fit)
                 print("prewarm sweep", T, cache, path, cfg, repr(e)[:100], flush=True)
     torch.cuda.synchronize()
@@ -238,6 +260,9 @@ def extra_args(ap) -> None:
                     help="also time before / flat view / 2x block stride")
     ap.add_argument("--heads", default=None, help="comma-separated head counts (default: the grid's)")
     ap.add_argument("--tokens", default=None, help="comma-separated token counts (default: the grid's)")
+    ap.add_argument("--sweep-bf16", default=None, metavar="H[,H]",
+                    help="only the 16-bit kernel's tiles for these head counts, bf16 cache, at "
+                         "--tokens (default 1024,4096); no engine cells")
 
 
 def main() -> None:
@@ -249,8 +274,15 @@ def main() -> None:
         heads = [int(h) for h in args.heads.split(",")]
     if args.tokens:
         tokens = [int(t) for t in args.tokens.split(",")]
+    bf16_heads = [int(h) for h in args.sweep_bf16.split(",")] if args.sweep_bf16 else None
+    if bf16_heads and not args.tokens:
+        tokens = [1024, 4096]
+    sweep = (sweep_cells(bf16_heads, tokens) if bf16_heads
+             else sweep_cells() if args.sweep else [])
+    if bf16_heads:
+        heads = []
     if args.worker:
-        prewarm_worker(mod, args.worker, heads, tokens, args.sweep)
+        prewarm_worker(mod, args.worker, heads, tokens, sweep, bool(bf16_heads))
         return
     if args.prewarm:
         prewarm_workers(__file__, args.prewarm, sys.argv[1:])
@@ -319,32 +351,30 @@ def main() -> None:
                 r["pct_copy_bw"] = 100 * nbytes / (r["ours_us"] * 1e-6) / (bw * 1e12)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-                del ours
+                ours = None  # free it before the next cell
             torch.cuda.empty_cache()
-    if args.sweep:
-        H = SWEEP_HEADS
-        for T in SWEEP_TOKENS:
-            graph = T <= GRAPH_MAX_TOKENS
-            ql, qpe = engine_query(T, H, gen)
-            slots = torch.randint(0, NUM_BLOCKS * BS, (T, TOPK), generator=gen,
-                                  device="cuda", dtype=torch.int32)
-            for T_, cache, path, cfg in sweep_cells():
-                if T_ != T:
-                    continue
-                kv = caches[cache]
-                r = dict(call="sweep", heads=H, tokens=T, cache=cache, path=path, graph=graph,
-                         **cfg)
-                try:
-                    ours = Ours(mod, kv, T, H, cache, path, dict(cfg))
-                    r["ours_us"] = bench(lambda: ours(ql, qpe, slots), graph)
-                    r["rel_err_vs_f64"] = check(ours(ql, qpe, slots), ql, qpe,
-                                                kv.view(-1, kv.shape[-1]), slots, cache)
-                    del ours
-                except Exception as e:  # noqa: BLE001 (a config that does not fit)
-                    r["error"] = repr(e)[:120]
-                rows.append(r)
-                print(json.dumps(r), flush=True)
-            torch.cuda.empty_cache()
+    for H, T in dict.fromkeys((c[0], c[1]) for c in sweep):
+        graph = T <= GRAPH_MAX_TOKENS
+        ql, qpe = engine_query(T, H, gen)
+        slots = torch.randint(0, NUM_BLOCKS * BS, (T, TOPK), generator=gen,
+                              device="cuda", dtype=torch.int32)
+        for H_, T_, cache, path, cfg in sweep:
+            if (H_, T_) != (H, T):
+                continue
+            kv = caches[cache]
+            r = dict(call="sweep", heads=H, tokens=T, cache=cache, path=path, graph=graph,
+                     **cfg)
+            try:
+                tuned = Ours(mod, kv, T, H, cache, path, dict(cfg))
+                r["ours_us"] = bench(lambda: tuned(ql, qpe, slots), graph)
+                r["rel_err_vs_f64"] = check(tuned(ql, qpe, slots), ql, qpe,
+                                            kv.view(-1, kv.shape[-1]), slots, cache)
+                tuned = None  # free the launch before the next config
+            except Exception as e:  # noqa: BLE001 (a config that does not fit)
+                r["error"] = repr(e)[:120]
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+        torch.cuda.empty_cache()
     res = dict(copy_tbps=bw, device=torch.cuda.get_device_name(0),
                torch=torch.__version__, triton=triton.__version__,
                command="python bench/bench_attention.py " + " ".join(

@@ -25,13 +25,19 @@
 #                       .gpu-port/dg.tar.xz .gpu-port/fm                      (+53.4 MB)
 # (FlashMLA and DeepGEMM are optional: the benchmark's upstream column and the indexer tests'
 # DeepGEMM comparisons; without vLLM's compiled ops the tests that need them skip, saying so.)
-# Results in $OUT (<= 8 files): t38-summary.txt, bench-compare.txt, gpu-env-t38.txt,
+# Results in $OUT (<= 8 files): t38-summary.txt (with gpu-env-t38.txt), bench-compare.txt,
 # gpu-tests-t38.txt (each pytest's last lines and failures), attention-3.6.json, attention-3.8.json,
-# logs.tar.xz (everything).
+# indexer-3.6.json, indexer-3.8.json (SMLA_T38_INDEXER=1), logs.tar.xz (everything).
 # SMLA_T38_DRY=1 (CPU, no GPU): staging, assembly and the checks only; no install, tests or benchmark.
 # A rerun of some test groups alone (call 3 on a machine still warm from calls 1-3, or calls 1-3 anew):
 #   SMLA_T38_BENCH=0  no benchmark (nor its prewarm): the tests only
-#   SMLA_T38_TESTS    the test groups to run (default "kernel indexer series kpool line"):
+#   SMLA_T38_SWEEP_BF16=16,32,64  the benchmark times the 16-bit kernel's tiles for these head counts
+#                     instead of the engine cells (bench_attention.py --sweep-bf16; rows "bfloat16*"
+#                     in bench-compare.txt), e.g. with SMLA_T38_TESTS="" (no tests)
+#   SMLA_T38_INDEXER=1  also bench/indexer/bench_indexer.py --dsv4 under 3.6, then 3.8 (DeepGEMM's column
+#                     where .gpu-port/dg.tar.xz was carried): indexer-3.{6,8}.json, bench-compare.txt
+#   SMLA_T38_BENCH_S  seconds for each Triton's timed benchmark (default 110; 200 with the sweep)
+#   SMLA_T38_TESTS    the test groups to run (default "kernel indexer series kpool line"; "" none):
 #                     kernel = test_{kernel,fp8_kv}_gpu.py, indexer = test_{indexer,nope}_gpu.py,
 #                     series = kern/'s tests/kernels/attention, kpool = test_kpool_indexer_gpu.py,
 #                     line = kpool/'s tests/kernels (the 0.33.0 line's own)
@@ -86,7 +92,7 @@ esac
 
 # ---- t38: assemble, install, check ----
 bench=${SMLA_T38_BENCH:-1}
-groups=" ${SMLA_T38_TESTS:-kernel indexer series kpool line} "
+groups=" ${SMLA_T38_TESTS-kernel indexer series kpool line} "
 for g in $groups; do
   case "$g" in kernel|indexer|series|kpool|line) ;; *) echo "SMLA_T38_TESTS: unknown group $g" >&2; exit 2 ;; esac
 done
@@ -126,6 +132,15 @@ t38 python3 -c "import sys, triton; sys.exit(0 if triton.__version__ == '3.8.0' 
 export PYTHONUNBUFFERED=1
 heads=${SMLA_T38_HEADS:-16,32,64} tokens=${SMLA_T38_TOKENS:-1,1024}
 cells=(--heads "$heads" --tokens "$tokens")
+bench_s=110 prewarm=4
+# SMLA_T38_SWEEP_BF16=16,32,64: instead of the engine cells, the 16-bit kernel's tiles for these
+# head counts (bench_attention.py --sweep-bf16) at SMLA_T38_TOKENS (default 1024,4096), both
+# Tritons compiling at once (8 processes each)
+if [ -n "${SMLA_T38_SWEEP_BF16:-}" ]; then
+  cells=(--sweep-bf16 "$SMLA_T38_SWEEP_BF16" --tokens "${SMLA_T38_TOKENS:-1024,4096}")
+  bench_s=200 prewarm=8
+fi
+bench_s=${SMLA_T38_BENCH_S:-$bench_s}  # each Triton's timed run
 kern=$PWD/$b/kern
 export SMLA_TREE=$kern
 py="python3 -m pytest -m gpu -q -p no:cacheprovider -rA"
@@ -157,9 +172,15 @@ if run kpool || run line; then
  run line && logs+=(tests-line-0.33.0)
 fi
 p4=
-[ "$bench" != 0 ] && { (t36 timeout 120 python3 bench/bench_attention.py "$out/bench-3.6" "${cells[@]}" --prewarm 4 --prewarm-only \
+if [ "$bench" != 0 ] && [ "$prewarm" = 8 ]; then
+  (t36 timeout 200 python3 bench/bench_attention.py "$out/bench-3.6" "${cells[@]}" --prewarm 8 --prewarm-only \
+    > "$out/prewarm-3.6.log" 2>&1 & t38 timeout 200 python3 bench/bench_attention.py "$out/bench-3.8" \
+    "${cells[@]}" --prewarm 8 --prewarm-only > "$out/prewarm-3.8.log" 2>&1; wait) & p4=$!
+elif [ "$bench" != 0 ]; then
+  (t36 timeout 120 python3 bench/bench_attention.py "$out/bench-3.6" "${cells[@]}" --prewarm 4 --prewarm-only \
   > "$out/prewarm-3.6.log" 2>&1 || true; t38 timeout 150 python3 bench/bench_attention.py "$out/bench-3.8" \
-  "${cells[@]}" --prewarm 4 --prewarm-only > "$out/prewarm-3.8.log" 2>&1) & p4=$!; }
+  "${cells[@]}" --prewarm 4 --prewarm-only > "$out/prewarm-3.8.log" 2>&1) & p4=$!
+fi
 rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
 [ -n "$p4" ] && { wait "$p4" || true; }
@@ -172,14 +193,25 @@ for p in "${pids[@]}"; do wait "$p" || rc=1; done
 # ---- the benchmark: 3.6, then 3.8, alone on the GPU ----
 if [ "$bench" != 0 ]; then
 [ -f "$work/_flashmla_C.abi3.so" ] && export SMLA_FLASHMLA_SO=$work/_flashmla_C.abi3.so
-t36 timeout 110 python3 bench/bench_attention.py "$out/bench-3.6" "${cells[@]}" \
+t36 timeout "$bench_s" python3 bench/bench_attention.py "$out/bench-3.6" "${cells[@]}" \
   > "$out/bench-3.6.log" 2>&1 || echo "bench 3.6 exit $?" | tee -a "$out/bench-3.6.log"
-t38 timeout 110 python3 bench/bench_attention.py "$out/bench-3.8" "${cells[@]}" \
+t38 timeout "$bench_s" python3 bench/bench_attention.py "$out/bench-3.8" "${cells[@]}" \
   > "$out/bench-3.8.log" 2>&1 || echo "bench 3.8 exit $?" | tee -a "$out/bench-3.8.log"
 python3 bench/compare_triton.py "$out/bench-3.6/attention.json" "$out/bench-3.8/attention.json" \
   | tee "$out/bench-compare.txt" || true
 else
   echo "SMLA_T38_BENCH=0: no benchmark" > "$out/bench-compare.txt"
+fi
+if [ "${SMLA_T38_INDEXER:-0}" = 1 ]; then
+  # the indexer benchmark (DSA and DeepSeek-V4 cells) under 3.6, then 3.8; DeepGEMM where carried
+  t36 timeout 200 python3 bench/indexer/bench_indexer.py "$out/indexer-3.6" --dsv4 \
+    > "$out/indexer-3.6.log" 2>&1 || echo "indexer 3.6 exit $?" | tee -a "$out/indexer-3.6.log"
+  t38 timeout 200 python3 bench/indexer/bench_indexer.py "$out/indexer-3.8" --dsv4 \
+    > "$out/indexer-3.8.log" 2>&1 || echo "indexer 3.8 exit $?" | tee -a "$out/indexer-3.8.log"
+  python3 bench/compare_triton.py "$out/indexer-3.6/indexer.json" "$out/indexer-3.8/indexer.json" \
+    | tee -a "$out/bench-compare.txt" || true
+  cp "$out/indexer-3.6/indexer.json" "$out/indexer-3.6.json" 2>/dev/null || true
+  cp "$out/indexer-3.8/indexer.json" "$out/indexer-3.8.json" 2>/dev/null || true
 fi
 { cat "$out/gpu-env-t38.txt" "$out/gpu-tests-t38.txt"; echo "== bench (3.8 / 3.6)"; cat "$out/bench-compare.txt"; } \
   > "$out/t38-summary.txt" 2>/dev/null || true
@@ -188,6 +220,7 @@ cp "$out/bench-3.8/attention.json" "$out/attention-3.8.json" 2>/dev/null || true
 # everything in one archive, the summaries beside it (<= 8 files come back)
 tar -C "$out" -cJf /tmp/smla-t38-logs.tar.xz . && mv /tmp/smla-t38-logs.tar.xz "$out/logs.tar.xz"
 find "$out" -mindepth 1 -type f -not -name logs.tar.xz -not -name t38-summary.txt -not -name bench-compare.txt \
-  -not -name gpu-env-t38.txt -not -name gpu-tests-t38.txt -not -name 'attention-3.*.json' -delete
+  -not -name gpu-tests-t38.txt -not -name 'attention-3.*.json' \
+  -not -name 'indexer-3.*.json' -delete
 find "$out" -mindepth 1 -type d -empty -delete
 exit $rc
