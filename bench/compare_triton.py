@@ -23,8 +23,15 @@ def load(path: str) -> tuple[str, dict]:
     rows = {}
     if path.endswith("indexer.json"):
         for r in data.get("rows", []):
+            if not isinstance(r.get("ours_us"), float):
+                continue  # a swept config that did not launch
             size = r.get("batch", r.get("queries"))
-            rows[(r["kind"], size, str(r["context"]), r.get("next_n", 1), r["path"])] = r
+            path = r.get("path")
+            if path is None:  # --sweep rows: the e4m3 path and the launch config
+                cfg = [r.get(k) for k in ("QROWS", "BLOCK_N", "num_warps", "num_stages", "programs")]
+                path = ("mma" if r["fp8_mma"] else "sw") + ":" + ":".join(
+                    str(v) for v in cfg if v is not None)
+            rows[(r["kind"], size, str(r["context"]), r.get("next_n", 1), path)] = r
         return data.get("triton", path), rows
     for r in data.get("rows", []):
         if r.get("call") == "engine":
@@ -56,7 +63,7 @@ def compare(before: dict, after: dict) -> list[str]:
 
 
 def compare_indexer(before: dict, after: dict) -> list[str]:
-    lines = [f"{'kind':<13} {'size':>5} {'context':>7} {'n':>2} {'path':<9} {'before_us':>10} "
+    lines = [f"{'kind':<13} {'size':>5} {'context':>7} {'n':>2} {'path':<14} {'before_us':>10} "
              f"{'after_us':>10} {'after/before':>12} {'deepgemm_us':>11} {'after/dg':>8}"]
     ratios: list[float] = []
     for key in sorted(set(before) & set(after), key=str):
@@ -64,7 +71,7 @@ def compare_indexer(before: dict, after: dict) -> list[str]:
         ratio = a["ours_us"] / b["ours_us"]
         ratios.append(ratio)
         dg = a.get("deepgemm_us")
-        lines.append(f"{key[0]:<13} {key[1]:>5} {key[2]:>7} {key[3]:>2} {key[4]:<9} "
+        lines.append(f"{key[0]:<13} {key[1]:>5} {key[2]:>7} {key[3]:>2} {key[4]:<14} "
                      f"{b['ours_us']:>10.1f} {a['ours_us']:>10.1f} {ratio:>12.3f} "
                      + (f"{dg:>11.1f} {a['ours_us'] / dg:>8.2f}" if dg else f"{'-':>11} {'-':>8}"))
     if ratios:

@@ -235,10 +235,10 @@ def compile_report(tree: Path, arch: int, configs: list[dict] | None = None) -> 
         # software decode everywhere, fp8 tensor-core dots on sm89 and newer.
         configs = []
         for mma in (False, True) if arch >= 89 else (False,):
-            configs.append(dict(kernel="prefill", FP8_MMA=mma, NEXT_N=1, **mod._PREFILL_CFG[mma]))
+            configs.append(dict(kernel="prefill", FP8_MMA=mma, NEXT_N=1, **mod._PREFILL_CFG))
             for next_n in (1, 2):
                 configs.append(dict(kernel="decode", FP8_MMA=mma, NEXT_N=next_n,
-                                    **mod._DECODE_CFG[mma]))
+                                    **mod._DECODE_CFG))
     ptr_types = {"q_ptr": "u8", "k_ptr": "u8", "kv_ptr": "u8", "k_scale_ptr": "fp32",
                  "w_ptr": "fp32", "ks_ptr": "i32", "ke_ptr": "i32", "ctx_ptr": "i32",
                  "bt_ptr": "i32", "out_ptr": "fp32"}

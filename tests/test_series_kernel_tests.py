@@ -136,3 +136,10 @@ def test_series_dsv4_tests_can_fail(dsv4):
 def test_series_dsv4_plan(dsv4, sms):
     dsv4.test_plan_head_blocks_and_scratch_bound(sms)
     dsv4.test_fp8_plan_keeps_the_split(sms)
+
+
+def test_series_unknown_config_keys(attn, dsv4):
+    """Each kernel wrapper rejects a launch-config key it does not read (the indexer's
+    test checks it after its own call, in test_series_mqa_logits)."""
+    attn.test_unknown_config_key_rejected()
+    dsv4.test_unknown_config_key_rejected()

@@ -160,7 +160,9 @@ SWEEP_DECODE = [dict(BLOCK_N=n, num_warps=w, num_stages=st, programs=g)
                                     (64, 4, 6, 16), (64, 4, 3, None), (64, 8, 6, None))]
 SWEEP_PREFILL = [dict(QROWS=q, BLOCK_N=n, num_warps=w, num_stages=st)
                  for q, n, w, st in ((2, 128, 8, 3), (4, 128, 8, 3), (2, 128, 8, 4), (1, 128, 4, 3),
-                                     (2, 64, 4, 3), (4, 64, 4, 3), (4, 128, 8, 2), (8, 64, 8, 3))]
+                                     (2, 64, 4, 3), (4, 64, 4, 3), (4, 128, 8, 2), (8, 64, 8, 3),
+                                     (4, 64, 4, 4), (4, 128, 4, 3), (8, 64, 4, 3), (2, 64, 4, 4),
+                                     (4, 64, 8, 3), (4, 32, 4, 4))]
 
 
 def sweep(idx, ops, emit, bw):

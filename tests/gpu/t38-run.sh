@@ -35,7 +35,8 @@
 #                     instead of the engine cells (bench_attention.py --sweep-bf16; rows "bfloat16*"
 #                     in bench-compare.txt), e.g. with SMLA_T38_TESTS="" (no tests)
 #   SMLA_T38_INDEXER=1  also bench/indexer/bench_indexer.py --dsv4 under 3.6, then 3.8 (DeepGEMM's column
-#                     where .gpu-port/dg.tar.xz was carried): indexer-3.{6,8}.json, bench-compare.txt
+#                     where .gpu-port/dg.tar.xz was carried): indexer-3.{6,8}.json, bench-compare.txt;
+#                     =sweep: --quick --sweep instead (the indexer's launch configs under both)
 #   SMLA_T38_BENCH_S  seconds for each Triton's timed benchmark (default 110; 200 with the sweep)
 #   SMLA_T38_TESTS    the test groups to run (default "kernel indexer series kpool line"; "" none):
 #                     kernel = test_{kernel,fp8_kv}_gpu.py, indexer = test_{indexer,nope}_gpu.py,
@@ -202,11 +203,13 @@ python3 bench/compare_triton.py "$out/bench-3.6/attention.json" "$out/bench-3.8/
 else
   echo "SMLA_T38_BENCH=0: no benchmark" > "$out/bench-compare.txt"
 fi
-if [ "${SMLA_T38_INDEXER:-0}" = 1 ]; then
-  # the indexer benchmark (DSA and DeepSeek-V4 cells) under 3.6, then 3.8; DeepGEMM where carried
-  t36 timeout 200 python3 bench/indexer/bench_indexer.py "$out/indexer-3.6" --dsv4 \
+if [ "${SMLA_T38_INDEXER:-0}" != 0 ]; then
+  # the indexer benchmark (DSA and DeepSeek-V4 cells; "sweep": one cell each and the launch configs
+  # of --sweep) under 3.6, then 3.8; DeepGEMM where carried
+  iargs=(--dsv4); [ "$SMLA_T38_INDEXER" = sweep ] && iargs=(--quick --sweep)
+  t36 timeout 200 python3 bench/indexer/bench_indexer.py "$out/indexer-3.6" "${iargs[@]}" \
     > "$out/indexer-3.6.log" 2>&1 || echo "indexer 3.6 exit $?" | tee -a "$out/indexer-3.6.log"
-  t38 timeout 200 python3 bench/indexer/bench_indexer.py "$out/indexer-3.8" --dsv4 \
+  t38 timeout 200 python3 bench/indexer/bench_indexer.py "$out/indexer-3.8" "${iargs[@]}" \
     > "$out/indexer-3.8.log" 2>&1 || echo "indexer 3.8 exit $?" | tee -a "$out/indexer-3.8.log"
   python3 bench/compare_triton.py "$out/indexer-3.6/indexer.json" "$out/indexer-3.8/indexer.json" \
     | tee -a "$out/bench-compare.txt" || true

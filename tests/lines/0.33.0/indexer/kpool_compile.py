@@ -87,12 +87,12 @@ LOGITS_PTRS = {"q_ptr": "*u8", "k_ptr": "*u8", "kv_ptr": "*u8", "k_scale_ptr": "
 
 
 def logits_cases(mma):
-    cfg = dict(L._PREFILL_CFG[mma])
+    cfg = dict(L._PREFILL_CFG)
     qrows, block_n = cfg.pop("QROWS"), cfg.pop("BLOCK_N")
     yield "prefill logits", L._mqa_logits_kernel, dict(
         H=H, D=D, QROWS=qrows, BLOCK_N=block_n, CLEAN=False, FP8_MMA=mma, PACKED=True), cfg
     for page, next_n in ((32, 2), (64, 1)):
-        cfg = dict(L._DECODE_CFG[mma])
+        cfg = dict(L._DECODE_CFG)
         block_n = cfg.pop("BLOCK_N")
         yield f"paged logits page {page} next_n {next_n}", L._paged_mqa_logits_kernel, dict(
             H=H, D=D, NEXT_N=next_n, ROWS=triton.next_power_of_2(next_n), CTX_2D=True,
