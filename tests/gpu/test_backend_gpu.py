@@ -183,9 +183,19 @@ def small_decode_case(backend_mod, dtype, device, heads=16, max_tokens=32):
     return b, md
 
 
+def ensure_workspace(device) -> None:
+    """vLLM's workspace manager on `device`, as the GPU worker sets it up before it builds the
+    model: forward_mqa's output, slot ids and split-K partials are views of it."""
+    from vllm.v1.worker import workspace as ws
+
+    if not ws.is_workspace_manager_initialized():
+        ws.init_workspace_manager(torch.device(device))
+
+
 def _make_impl(backend_mod, heads, scale, indexer):
     """TritonMLASparseImpl with GLM-5's MLA geometry; `indexer` is a stand-in
-    holding only topk_indices_buffer."""
+    holding only topk_indices_buffer (the workspace manager on its device)."""
+    ensure_workspace(indexer.topk_indices_buffer.device)
     return backend_mod.TritonMLASparseImpl(
         num_heads=heads, head_size=LORA + ROPE, scale=scale, num_kv_heads=1,
         alibi_slopes=None, sliding_window=None, kv_cache_dtype="auto",
