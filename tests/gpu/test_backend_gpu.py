@@ -112,11 +112,12 @@ def import_vllm(tree) -> str:
     are there and CUDA is available (FlashAttention's extensions stood in),
     else with the harness's stand-ins."""
     tree = Path(tree)
+    # both routes: the stand-in import reaches openai_harmony too (vllm.config.reasoning)
+    if not any(isinstance(f, _EmptyExtensions) for f in sys.meta_path):
+        sys.meta_path.append(_EmptyExtensions())
     if (tree / NATIVE_OPS).is_file() and torch.cuda.is_available():
         if str(tree) not in sys.path:
             sys.path.insert(0, str(tree))
-        if not any(isinstance(f, _EmptyExtensions) for f in sys.meta_path):
-            sys.meta_path.append(_EmptyExtensions())
         import vllm.platforms  # noqa: F401
 
         from vllm.platforms import current_platform
