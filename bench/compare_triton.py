@@ -26,12 +26,12 @@ def load(path: str) -> tuple[str, dict]:
             if not isinstance(r.get("ours_us"), float):
                 continue  # a swept config that did not launch
             size = r.get("batch", r.get("queries"))
-            path = r.get("path")
-            if path is None:  # --sweep rows: the e4m3 path and the launch config
+            e4m3 = r.get("path")
+            if e4m3 is None:  # --sweep rows: the e4m3 path and the launch config
                 cfg = [r.get(k) for k in ("QROWS", "BLOCK_N", "num_warps", "num_stages", "programs")]
-                path = ("mma" if r["fp8_mma"] else "sw") + ":" + ":".join(
+                e4m3 = ("mma" if r["fp8_mma"] else "sw") + ":" + ":".join(
                     str(v) for v in cfg if v is not None)
-            rows[(r["kind"], size, str(r["context"]), r.get("next_n", 1), path)] = r
+            rows[(r["kind"], size, str(r["context"]), r.get("next_n", 1), e4m3)] = r
         return data.get("triton", path), rows
     for r in data.get("rows", []):
         if r.get("call") == "engine":

@@ -257,6 +257,28 @@ def test_fp8_codes_tile_register_cap(smla):
     assert cfg(16, 4096, 2048, bf16, 132, (9, 0))["maxnreg"] is None  # 16-bit cache
 
 
+def test_16bit_tiles_per_triton(smla, monkeypatch):
+    """Triton >= 3.7 takes the 16-bit kernel's own rows (<= 16 heads: 64-row tiles on 4 warps, long
+    and short grids; 32 heads: 3 stages; both measured on the H200 under 3.8), Triton 3.6 the
+    table's; the fp8 cache's tiles and 33+ heads are the same under both."""
+    cfg, bf16 = smla._config_for, torch.bfloat16
+    pick = lambda c: (c["BLOCK_H"], c["BLOCK_N"], c["num_warps"], c["num_stages"])  # noqa: E731
+    cells = [(16, 4096), (8, 256), (32, 1024), (64, 1024)]
+    got = {}
+    for new in (False, True):
+        monkeypatch.setattr(smla, "_triton_3_7", lambda new=new: new)
+        got[new] = {(H, T, fp8): pick(cfg(H, T, 2048, bf16, 132, (9, 0), kv_fp8=fp8))
+                    for H, T in cells for fp8 in (False, True)}
+    assert got[False][(16, 4096, False)] == (16, 32, 4, 2)
+    assert got[False][(8, 256, False)] == (16, 64, 8, 2)
+    assert got[False][(32, 1024, False)] == (32, 64, 4, 2)
+    assert got[True][(16, 4096, False)] == got[True][(8, 256, False)] == (16, 64, 4, 2)
+    assert got[True][(32, 1024, False)] == (32, 64, 4, 3)
+    for key in got[False]:
+        if key[2] or key[0] > 32:
+            assert got[True][key] == got[False][key], key
+
+
 def test_kernel_fp8_flat_and_split_q(smla):
     """[num_slots, 656] cache, query given as (q_nope, q_pe) strided views,
     split-K; a BLOCK_DV other than the whole latent width is refused (the fp8
