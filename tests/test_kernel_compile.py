@@ -113,7 +113,7 @@ def compile_report(arch: int, configs: list[dict] | None = None) -> list[dict]:
         fwd, dt_name,
         dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="dt", slots_ptr="i32", out_ptr="dt", part_out_ptr="fp32",
              part_lse_ptr="fp32"),
-        {"D_NOPE", "D_PE", "KV_BS", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "IEEE_DOT", "PDL",
+        {"D_NOPE", "D_PE", "KV_BS", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "PDL",
          "KV_FP8", "FP8_HW", "ROPE_DT"},
         float_names=("qk_scale",))
     if configs is None:
@@ -125,7 +125,7 @@ def compile_report(arch: int, configs: list[dict] | None = None) -> list[dict]:
         cst = dict(D_NOPE=512, D_PE=64, KV_BS=64, BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
                    KV_FP8=False, FP8_HW=False, ROPE_DT=None,
                    BLOCK_DV=cfg["BLOCK_DV"], SPLIT=bool(cfg.get("SPLIT", False)),
-                   IEEE_DOT=False, PDL=bool(cfg.get("SPLIT", False)) and arch >= 90)
+                   PDL=bool(cfg.get("SPLIT", False)) and arch >= 90)
         label = "fwd H{} BH{} BN{} DV{}".format(cfg.get("H", "?"), cfg["BLOCK_H"], cfg["BLOCK_N"],
                                                  cfg["BLOCK_DV"])
         build(fwd, fwd_sig, cst,

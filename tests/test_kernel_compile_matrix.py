@@ -145,7 +145,7 @@ def compile_matrix(arch: int) -> list[dict]:
                 cst.update(KV_FP8=fp8, FP8_HW=hw, ROPE_DT=tl.bfloat16 if fp8 else None,
                            PACKED=fp8 and not hw)
             if not (fp8 and not deq):
-                cst.update(BLOCK_DV=bdv, IEEE_DOT=False)
+                cst.update(BLOCK_DV=bdv)
             sig = _signature(fwd, dt, dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt",
                                            slots_ptr="i32", out_ptr="dt", part_out_ptr="fp32",
                                            part_lse_ptr="fp32"),

@@ -33,8 +33,10 @@ pytestmark = pytest.mark.filterwarnings(
 
 D, DV, NUM_SLOTS = 576, 512, 300
 SCALE = D ** -0.5
-# Measured under the interpreter: fp32 ~3e-7, fp16 ~3e-4 (fp16 output rounding).
-BOUNDS = {torch.float32: 2e-6, torch.float16: 1e-3}
+# Measured under the interpreter: fp16 ~3e-4 (the output's rounding). The kernel takes
+# the 16-bit dtypes MLA backends run (float32 queries are refused); bfloat16 is checked on
+# the GPU (tests/gpu/): Triton's interpreter returns garbage for it (test_nope_interpret.py).
+BOUNDS = {torch.float16: 1e-3}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +67,7 @@ def check(out, ref, slots, dtype):
     return err
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float16])
 @pytest.mark.parametrize("H", [1, 3, 16, 20])
 @pytest.mark.parametrize("K", [16, 40, 64])
 @pytest.mark.parametrize("num_splits", [1, 3])
@@ -103,16 +105,16 @@ def test_paged_cache_and_strides(smla):
     # (non-contiguous token/head strides) and a strided out.
     T, H, K, bs, nb = 2, 5, 40, 16, 20
     g = torch.Generator().manual_seed(3)
-    kv_big = torch.randn(nb, bs + 3, D + 64, generator=g)
+    kv_big = torch.randn(nb, bs + 3, D + 64, generator=g).half()
     kv = kv_big[:, :bs, :D]
-    q = torch.randn(H, T, D + 8, generator=g).transpose(0, 1)[:, :, :D]
+    q = torch.randn(H, T, D + 8, generator=g).half().transpose(0, 1)[:, :, :D]
     slots = torch.randint(0, nb * bs, (T, K), generator=g, dtype=torch.int32)
     slots[:, ::3] = -1
-    out_big = torch.full((T, H + 1, DV + 16), float("nan"))
+    out_big = torch.full((T, H + 1, DV + 16), float("nan"), dtype=torch.float16)
     out = out_big[:, :H, :DV]
     smla.sparse_mla_fwd(q, kv, slots, SCALE, out=out, num_splits=2)
     ref = reference_sparse_mla(q, kv.contiguous(), slots, SCALE)
-    check(out, ref, slots, torch.float32)
+    check(out, ref, slots, torch.float16)
     assert torch.isnan(out_big[:, H:]).all() and torch.isnan(out_big[:, :, DV:]).all()
 
 
@@ -130,11 +132,17 @@ def test_all_rows_empty_and_k_zero(smla):
 
 def test_single_valid_entry(smla):
     # One valid slot: softmax weight 1, output = that latent row exactly.
-    q, kv, slots = make_case(1, 2, 40, torch.float32, seed=9)
+    q, kv, slots = make_case(1, 2, 40, torch.float16, seed=9)
     slots.fill_(-1)
     slots[0, 37] = 123
     out = smla.sparse_mla_fwd(q, kv, slots, SCALE, num_splits=3)
-    torch.testing.assert_close(out[0], kv[123, :DV].expand(2, DV), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out[0], kv[123, :DV].expand(2, DV), rtol=0, atol=0)
+
+
+def test_float32_query_refused(smla):
+    q, kv, slots = make_case(1, 2, 16, torch.float32, seed=4)
+    with pytest.raises(AssertionError, match="float32"):
+        smla.sparse_mla_fwd(q, kv, slots, SCALE)
 
 
 @pytest.mark.parametrize("K", [1, 40, 128, 300])
