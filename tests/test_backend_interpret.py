@@ -26,7 +26,7 @@ def test_backend_forward_interpreted_with_stand_ins(vllm_tree):
     assert proc.returncode == 0, proc.stderr[-4000:]
     m = re.search(r"rel_err (\S+)", proc.stdout)
     assert m, proc.stdout[-2000:]
-    assert float(m.group(1)) < 1e-5
+    assert float(m.group(1)) < 1e-3  # float16 output rounding (~3e-4)
 
 
 def test_explicit_backend_validation_reasons(vllm_tree):
