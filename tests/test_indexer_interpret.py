@@ -319,8 +319,10 @@ def check_topk(ours, ref_logits, k):
         assert all(abs(row[x] - kth) <= tol for x in a ^ b)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_toy_dsa_block_decode_and_prefill(mod, vllm_tree, dtype):
+def test_toy_dsa_block_decode_and_prefill(mod, vllm_tree):
+    # float16: the attention kernel takes the 16-bit dtypes MLA backends run (bfloat16 is
+    # checked on the GPU: Triton's interpreter returns garbage for it)
+    dtype = torch.float16
     smla = load_sparse_mla_module(vllm_tree, interpret=True)
     g = gen(10)
     H_idx, D_idx, bs, topk = 16, 32, 16, 24
@@ -348,7 +350,7 @@ def test_toy_dsa_block_decode_and_prefill(mod, vllm_tree, dtype):
     ref_slots = torch.where(ref_top >= 0, bt.gather(1, ref_top.clamp(min=0).long() // bs).long()
                             * bs + ref_top.clamp(min=0).long() % bs, -1)
     ref = ref_dsa_attention(q_lat, latent, ref_slots, sm_scale, dl)
-    tol = 2e-5 if dtype == torch.float32 else 3e-3
+    tol = 3e-3
     assert rel_err(out, ref) < tol, rel_err(out, ref)
 
     # prefill of request 0's last 6 tokens against its gathered keys
