@@ -71,7 +71,6 @@ def test_glm53_series_test_selects_fwd_nope(bundle):
     assert r.returncode == 0 and "test_sparse_mla_fwd_nope[" in r.stdout, r.stdout + r.stderr
 
 
-
 def test_series_stub_cache_writer_skips_where_vllms_ops_are_not_carried(bundle, tmp_path, monkeypatch):
     """The series' writer test (vllm._custom_ops.concat_and_cache_mla) skips with the reason on a
     route that carries no compiled ops, instead of importing vLLM's real _custom_ops."""
@@ -83,6 +82,7 @@ def test_series_stub_cache_writer_skips_where_vllms_ops_are_not_carried(bundle, 
     r = _pytest("series_ops_stub", bundle / "kern", str(f))
     assert r.returncode == 0 and "1 skipped" in r.stdout, r.stdout + r.stderr
     assert "compiled cache writer is not carried (SMLA_VLLM_C_SO)" in r.stdout
+
 
 def test_line_kernel_tests_import_with_the_bundle_stand_ins(bundle):
     """t38-run.sh's line group: the 0.33.0 line's own tests of its fused V3.2/GLM and kpool kernels."""

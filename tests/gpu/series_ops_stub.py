@@ -18,7 +18,6 @@ from platform_stand_in import provide_platforms
 from sparse_mla_reference import provide_ops_package
 
 
-
 def provide_custom_ops() -> None:
     import types
 
