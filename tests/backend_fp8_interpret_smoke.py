@@ -16,6 +16,9 @@ Checks, printing one "ok <name>" line each (the caller asserts them all):
               16 heads, top-k 128) over a cache written by the reference writer
               (tests/fp8_ds_mla_reference.py) vs the float64 reference of the
               dequantised cache: "rel_err <x>"
+  prefill     decodes and three long prefills with a 320-row context buffer:
+              the first two share one 16-bit copy of their context, the third
+              (longer than the buffer) reads the cache; "prefill_rel_err <x>"
 Relies on the stand-ins of smla.selection.import_vllm_tree and the helpers of
 tests/gpu/test_backend_gpu.py (see tests/backend_interpret_smoke.py).
 """
@@ -118,3 +121,30 @@ slots = T.reference_convert(b["req_id"], b["block_table"], b["topk"], 64)
 ref = T.reference_sparse_mla(q, dequant_ds_mla(cache.view(-1, 656), torch.bfloat16), slots, 0.06)
 print("ok forward")
 print("rel_err", T.rel_err(out, ref), tuple(out.shape))
+
+# prefill ----------------------------------------------------------------
+# Decodes first, then prefills of more than 128 new tokens (the reorder
+# threshold): 150 + 160 rows fit the 320-row buffer, 400 do not.
+T.REQUESTS = [(1, 300), (2, 70), (129, 150), (129, 160), (129, 400)]
+b = T._batch(dtype, heads, dev, torch.Generator().manual_seed(5))
+nb = b["kv_cache"].shape[0]
+cache = torch.zeros((nb, 64, 656), dtype=torch.uint8)
+rows = b["kv_cache"].reshape(-1, 576).to(torch.bfloat16)
+write_ds_mla(rows[:, :512].contiguous(), rows[:, 512:].contiguous(), cache,
+             torch.arange(nb * 64))
+builder = T.make_builder(m, heads, dtype, 512, dev, cache_dtype_str="fp8_ds_mla",
+                         max_model_len=320)
+md = builder.build(0, T._common_metadata(b, dev))
+ctx = md.fp8_prefill_context
+assert [(c.tokens, c.direct) for c in ctx.chunks] == [((3, 261), False), ((261, 390), True)], ctx
+assert ctx.req_row_starts.tolist() == [0, 150, 0], ctx
+buf = torch.full((512, T.TOPK), -1, dtype=torch.int32)
+buf[: b["T"]] = b["topk"]
+impl = T._make_impl(m, heads, 0.06, SimpleNamespace(topk_indices_buffer=buf))
+impl.kv_cache_dtype = "fp8_ds_mla"
+q = b["q"]
+out, _ = impl.forward_mqa((q[..., :512], q[..., 512:]), cache, md, None)
+slots = T.reference_convert(b["req_id"], b["block_table"], b["topk"], 64)
+ref = T.reference_sparse_mla(q, dequant_ds_mla(cache.view(-1, 656), torch.bfloat16), slots, 0.06)
+print("ok prefill")
+print("prefill_rel_err", T.rel_err(out, ref), tuple(out.shape))

@@ -335,7 +335,9 @@ def test_backend_fp8_smoke(vllm_tree):
     """TRITON_MLA_SPARSE with fp8_ds_mla through vLLM's own classes (stand-ins
     for compiled modules): cache shape and page size, dtype canonicalisation,
     supports_combination, the fp16 force-MQA rule, and builder.build +
-    forward_mqa vs float64 (tests/backend_fp8_interpret_smoke.py, own process)."""
+    forward_mqa vs float64, decodes alone and with long prefills read through
+    a 16-bit copy of their context (tests/backend_fp8_interpret_smoke.py, own
+    process)."""
     import re
     import subprocess
     import sys
@@ -346,7 +348,8 @@ def test_backend_fp8_smoke(vllm_tree):
     proc = subprocess.run([sys.executable, str(script), str(vllm_tree)], capture_output=True,
                           text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    for name in ("spec", "canon", "combo", "force_mqa", "forward"):
+    for name in ("spec", "canon", "combo", "force_mqa", "forward", "prefill"):
         assert f"ok {name}" in proc.stdout, proc.stdout[-2000:]
-    m = re.search(r"rel_err (\S+)", proc.stdout)
-    assert m and float(m.group(1)) < FP16_BOUND, proc.stdout[-2000:]
+    for key in ("rel_err", "prefill_rel_err"):
+        m = re.search(rf"^{key} (\S+)", proc.stdout, re.M)
+        assert m and float(m.group(1)) < FP16_BOUND, proc.stdout[-2000:]

@@ -66,7 +66,8 @@ NOPE_TOPK = (2176,)
 # become pipelined async copies, and so the shared memory a config needs.
 ALIGNED = {"q_ptr", "q_pe_ptr", "kv_ptr", "slots_ptr", "out_ptr", "part_out_ptr",
            "part_lse_ptr", "stride_q_t", "stride_q_h", "stride_qpe_t", "stride_qpe_h",
-           "stride_kv_blk", "stride_kv_slot", "stride_s_t", "stride_o_t", "stride_o_h"}
+           "stride_kv_blk", "stride_kv_slot", "stride_s_t", "stride_o_t", "stride_o_h",
+           "stride_out"}
 
 
 def _runtime_attrs(fn) -> dict:
@@ -172,6 +173,23 @@ def compile_matrix(arch: int) -> list[dict]:
             rec = dict(arch=arch, kernel="merge", dtype=dt, BLOCK_S=block_s, num_warps=warps,
                        pdl=pdl_arch, shared=int(k.metadata.shared))
             out.append(finish_record(rec, k))
+    # fp8_ds_mla prefills' context copy (dequantize_ds_mla_context): each model dtype, with rope
+    # and NoPE, the arch's e4m3 path (sm89+ also the software decode), its one launch config
+    ctx = mod._ds_mla_context_kernel
+    for dt in ("bf16", "fp16"):
+        csig = _signature(ctx, dt, dict(kv_ptr="u8", block_table_ptr="i32", seq_lens_ptr="i32",
+                                        row_starts_ptr="i32", out_ptr="dt"),
+                          {"D_NOPE", "D_PE", "KV_BS", "BLOCK_N", "FP8_HW", "PACKED", "ROPE_DT"})
+        for d_pe in (64, 0):
+            for hw in ((True, False) if arch >= 89 else (False,)):
+                cst = dict(D_NOPE=512, D_PE=d_pe, KV_BS=64, BLOCK_N=mod._CONTEXT_BLOCK_N,
+                           FP8_HW=hw, PACKED=not hw, ROPE_DT=tl.bfloat16)
+                k = triton.compile(ASTSource(fn=ctx, signature=csig, constexprs=cst,
+                                             attrs=_runtime_attrs(ctx)),
+                                   target=target, options=dict(num_warps=4))
+                rec = dict(arch=arch, kernel="context", dtype=dt, nope=d_pe == 0,
+                           decode="hw" if hw else "sw", shared=int(k.metadata.shared))
+                out.append(finish_record(rec, k))
     return out
 
 
@@ -195,6 +213,10 @@ def test_every_heuristic_config_compiles(children, arch):
         fp8 = [x for x in fwd if x["kv"] == "fp8_ds_mla" and x["nope"] == nope]
         assert any(x["dequant"] for x in fp8) and not all(x["dequant"] for x in fp8), arch
     assert any(x["kernel"] == "merge" for x in recs)
+    ctx = {(x["dtype"], x["nope"], x["decode"]) for x in recs if x["kernel"] == "context"}
+    assert ctx == {(dt, nope, d) for dt in ("bf16", "fp16") for nope in (False, True)
+                   for d in (("hw", "sw") if arch >= 89 else ("sw",))}, ctx
+    assert all(x["e4m3_cvt"] > 0 for x in recs if x["kernel"] == "context" and x["decode"] == "hw")
     assert_compiled(recs)
 
 

@@ -28,6 +28,9 @@
 #   dsv4     carry .gpu-port/fm .gpu-port/kern : the series' V4 kernel test (series-dsv4-tests.log;
 #            SMLA_SKIP_TESTS=1 skips it), then the DeepSeek-V4 decode benchmark, ours vs
 #            FlashMLA (bench/bench_dsv4.py; $OUT/dsv4.json, bench-dsv4.log)
+#   fp8prefill  carry .gpu-port/fm .gpu-port/kern .gpu-port/tree : the series' kernel tests, the
+#            backend GPU tests (stand-in import of the patched tree), then bench/bench_fp8_prefill.py
+#            (the fp8 prefill route vs the fp8 kernels vs FlashMLA; $OUT/fp8-prefill/fp8_prefill.json)
 #   nope     carry .gpu-port/nope (the kernel files and the series' kernel test, copied from the
 #            work tree: see the phase below): the NoPE (GLM-5.3-Flash, head 512) GPU test
 #            tests/gpu/test_nope_gpu.py and the series' test_sparse_mla_fwd_nope; about a minute
@@ -264,6 +267,25 @@ case "$phase" in
     tar -C "$out" -cJf /tmp/smla-speed-logs.tar.xz . && mv /tmp/smla-speed-logs.tar.xz "$out/logs.tar.xz"
     find "$out" -mindepth 1 -not -name logs.tar.xz -not -name '*.json' -not -name summary.txt \
       -not -name gpu-tests-speed.log -not -name 'gpu-env-*' -delete
+    exit $rc
+    ;;
+  fp8prefill)  # carry .gpu-port/fm .gpu-port/kern .gpu-port/tree: the fp8 prefill route (issue 34)
+    export SMLA_TREE=$PWD/$b/kern PYTHONPATH=$PWD/tests:$PWD/tests/gpu
+    rc=0
+    python3 -m pytest -p series_ops_stub -p no:cacheprovider -q -rA "$@" \
+      "$b"/kern/tests/kernels/attention/test_triton_sparse_mla.py > "$out/series-tests.log" 2>&1 || rc=$?
+    tail -2 "$out/series-tests.log"
+    rm -rf "$work/tree" && mkdir -p "$work/tree" && xz -dc "$b/tree/tree.tar.xz" | tar -x -C "$work/tree"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$b"/tree/whl/*.whl
+    cp -r "$b"/tree/site-extra/* /tmp/site/
+    (export PYTHONPATH=/tmp/site:$PWD/tools SMLA_TREE=$work/tree VLLM_LOGGING_LEVEL=WARNING
+     python3 -m pytest tests/gpu/test_backend_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
+       > "$out/gpu-tests-backend.log" 2>&1) || rc=$?
+    tail -2 "$out/gpu-tests-backend.log"
+    xz -dc "$b/fm/_flashmla_C.abi3.so.xz" > "$work/_flashmla_C.abi3.so"
+    SMLA_FLASHMLA_SO=$work/_flashmla_C.abi3.so timeout 300 python3 bench/bench_fp8_prefill.py \
+      "$out/fp8-prefill" > "$out/bench-fp8-prefill.log" 2>&1 || echo "bench exit $?" >> "$out/bench-fp8-prefill.log"
+    tail -3 "$out/bench-fp8-prefill.log"
     exit $rc
     ;;
   dsv4)  # carry .gpu-port/fm .gpu-port/kern: the series' V4 kernel test, then V4 decode, ours vs

@@ -145,7 +145,7 @@ def backend_mod(vllm_tree):
 
 
 def vllm_config_stand_in(heads, dtype, max_tokens, layer_names=("layer.0",),
-                         max_num_seqs=8, topk=None):
+                         max_num_seqs=8, topk=None, max_model_len=8192):
     """The VllmConfig fields vLLM 0.26's SparseMLACommonMetadataBuilder and
     our builder read, with GLM-5's MLA geometry; no prefill backend (as when
     vLLM finds none: every token then takes forward_mqa)."""
@@ -154,7 +154,7 @@ def vllm_config_stand_in(heads, dtype, max_tokens, layer_names=("layer.0",),
                          v_head_dim=256, q_lora_rank=2048)
     return SimpleNamespace(
         model_config=SimpleNamespace(
-            hf_config=hf, hf_text_config=hf, dtype=dtype, max_model_len=8192,
+            hf_config=hf, hf_text_config=hf, dtype=dtype, max_model_len=max_model_len,
             get_num_attention_heads=lambda parallel_config: heads),
         scheduler_config=SimpleNamespace(max_num_batched_tokens=max_tokens,
                                          max_num_seqs=max_num_seqs),
@@ -168,9 +168,9 @@ def vllm_config_stand_in(heads, dtype, max_tokens, layer_names=("layer.0",),
     )
 
 
-def make_builder(backend_mod, heads, dtype, max_tokens, device, **kw):
+def make_builder(backend_mod, heads, dtype, max_tokens, device, cache_dtype_str=None, **kw):
     return backend_mod.TritonMLASparseMetadataBuilder(
-        SimpleNamespace(block_size=BLOCK), ["layer.0"],
+        SimpleNamespace(block_size=BLOCK, cache_dtype_str=cache_dtype_str), ["layer.0"],
         vllm_config_stand_in(heads, dtype, max_tokens, **kw), device)
 
 
@@ -351,6 +351,69 @@ def test_real_cache_write_then_attend(backend_mod, dtype):
     ref = reference_sparse_mla(q, kv_cache, slots, scale, kv_lora_rank=LORA, token_chunk=8)
     err = rel_err(out, ref)
     assert err < BOUNDS[dtype], f"rel_err {err:.3e}"
+
+
+# Decodes (<= 128 new tokens) first, then prefills (the builder's order): with
+# a 4096-row context buffer (max_model_len) the 2600- and 700-token prefills
+# share one 16-bit copy, the 5000-token one is longer and reads the fp8 rows.
+FP8_PREFILL_REQUESTS = [(1, 3000), (5, 2100), (300, 2600), (200, 700), (150, 5000)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16],
+                         ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("heads", [16, 64])
+def test_fp8_prefills_attend_through_a_16bit_context_copy(backend_mod, dtype, heads,
+                                                          monkeypatch):
+    """fp8_ds_mla cache, a batch of decodes and long prefills: the builder
+    plans the prefills' context copies (one chunk copied, one request too long
+    for the buffer read directly), forward_mqa dequantises the chunk's context
+    once and runs the 16-bit kernel over it, and every token matches the
+    float64 reference of the dequantised cache."""
+    from fp8_ds_mla_reference import dequant_ds_mla, write_ds_mla
+
+    device = torch.device("cuda")
+    gen = torch.Generator().manual_seed(4321 + heads)
+    b = _batch(dtype, heads, device, gen, requests=FP8_PREFILL_REQUESTS)
+    nb = b["kv_cache"].shape[0]
+    cache = torch.zeros((nb, BLOCK, 656), dtype=torch.uint8, device=device)
+    rows = b["kv_cache"].reshape(-1, LORA + ROPE).to(torch.bfloat16)
+    write_ds_mla(rows[:, :LORA].contiguous(), rows[:, LORA:].contiguous(), cache,
+                 torch.arange(nb * BLOCK, device=device))
+    max_tokens = 1024
+    builder = make_builder(backend_mod, heads, dtype, max_tokens, device,
+                           cache_dtype_str="fp8_ds_mla", max_model_len=4096)
+    md = builder.build(common_prefix_len=0, common_attn_metadata=_common_metadata(b, device))
+    assert (md.num_decodes, md.num_prefills, md.num_decode_tokens) == (2, 3, 6)
+    ctx = md.fp8_prefill_context
+    assert [(c.tokens, c.reqs, c.num_rows, c.direct) for c in ctx.chunks] == [
+        ((6, 506), (2, 4), 3300, False), ((506, 656), (4, 5), 0, True)]
+    assert ctx.req_row_starts.tolist() == [0, 2600, 0]
+    assert ctx.token_row_starts.tolist() == [0] * 300 + [2600] * 200 + [0] * 150
+
+    from vllm.v1.attention.ops import triton_sparse_mla as ops
+
+    copies = []
+    dequantize = ops.dequantize_ds_mla_context
+    monkeypatch.setattr(ops, "dequantize_ds_mla_context",
+                        lambda *a, **k: copies.append(a[4].dtype) or dequantize(*a, **k))
+    topk_buffer = torch.full((max_tokens, TOPK), -1, dtype=torch.int32, device=device)
+    topk_buffer[: b["T"]] = b["topk"].to(device)
+    scale = (192 + ROPE) ** -0.5
+    impl = _make_impl(backend_mod, heads, scale, SimpleNamespace(topk_indices_buffer=topk_buffer))
+    impl.kv_cache_dtype = "fp8_ds_mla"  # as the layer passes it (the helper builds "auto")
+    q = b["q"]
+    ql_nope = q[..., :LORA].transpose(0, 1).contiguous().transpose(0, 1)
+    out, lse = impl.forward_mqa((ql_nope, q[..., LORA:]), cache, md, layer=None)
+    assert lse is None and out.dtype == dtype
+    assert copies == [dtype]  # one chunk copied, in the model dtype
+    slots = reference_convert(b["req_id"], b["block_table"].cpu(), b["topk"], BLOCK).to(device)
+    kv_ref = dequant_ds_mla(cache.view(-1, 656), torch.bfloat16).view(nb, BLOCK, -1)
+    for name, sl in (("decodes", slice(0, 6)), ("copied", slice(6, 506)),
+                     ("direct", slice(506, 656))):
+        ref = reference_sparse_mla(q[sl], kv_ref, slots[sl], scale, kv_lora_rank=LORA,
+                                   token_chunk=8)
+        err = rel_err(out[sl], ref)
+        assert err < BOUNDS[dtype], f"{name}: rel_err {err:.3e}"
 
 
 @pytest.mark.parametrize("heads", [16, 128])
