@@ -19,7 +19,8 @@ What is vLLM 0.26.0's own code here (TREE, unmodified but for the series):
 - TritonMLASparseImpl (ours): forward_mqa converts the request-local top-k to slots
   (convert_req_local_to_slots) per layer and runs sparse_mla_fwd in views of vLLM's workspace,
   reserved beforehand by the backend's _reserve_workspace (as the impl does when a layer is built
-  on CUDA) and then locked, so the forward must fit the reservation;
+  on CUDA; with an fp8_ds_mla cache also the 16-bit copy of the prefills' context, which the
+  batch's prefill reads) and then locked, so the forward must fit the reservation;
 - IndexCache: 0.26.0's deepseek_v2 gives skip layers no indexer and passes them the model's
   shared topk_indices_buffer, which SparseMLACommonImpl picks; each layer converts it itself
   (0.26.0 has no index group: one conversion per layer, counted);
@@ -234,6 +235,10 @@ for kv_cache_dtype in ("auto", "fp8_ds_mla"):
         assert (md.num_decodes, md.num_prefills, md.num_decode_tokens) == (3, 1, 5), md
         assert md.prefill is None  # no dense MHA prefill backend: every token takes forward_mqa
         assert torch.equal(md.req_id_per_token[: b["T"]], torch.tensor(b["req"], dtype=torch.int32))
+        # fp8_ds_mla: the prefill reads a 16-bit copy of its context (the fp8 prefill patch)
+        plan = md.fp8_prefill_context
+        assert (plan is not None) == (kv_cache_dtype == "fp8_ds_mla"), plan
+        assert plan is None or [c.direct for c in plan.chunks] == [False], plan
         print(f"ok builder {CASE} {kv_cache_dtype}: num_decodes 3, num_prefills 1, "
               f"reorder threshold {builder.reorder_batch_threshold}")
         indexer = types.SimpleNamespace(topk_indices_buffer=buf)
@@ -247,7 +252,8 @@ for kv_cache_dtype in ("auto", "fp8_ds_mla"):
         i0 = impls[0]
         backend._reserve_workspace(
             cfg.scheduler_config.max_num_batched_tokens, i0.num_heads, i0.kv_lora_rank,
-            buf.shape[1], cfg.model_config.dtype, buf.device, i0.kv_cache_dtype)
+            buf.shape[1], cfg.model_config.dtype, buf.device, i0.kv_cache_dtype,
+            i0._context_shape(cfg))
         current_workspace_manager().lock()
         calls["convert"] = 0
         for li, (impl, name) in enumerate(zip(impls, names)):

@@ -24,6 +24,8 @@ What is vLLM 0.33.0's own code here (TREE, unmodified but for the series):
 - SparseMLACommonImpl.forward_mqa: logical -> physical top-k (triton_convert_req_index_to_global_index,
   per layer or once per index group through SparseMLAIndexGroupBuilder), then our _forward_mqa_kernel;
 - reserve_workspace() (the profiling run's claim), then the workspace locked for the forward;
+- fp8_ds_mla: the prefill reads a 16-bit copy of its context (the fp8 prefill patch); layer 0 once
+  more with a copy one row too small, so that its tokens read the fp8 rows ("direct_rel_err");
 - the KV cache is laid out with a block stride of twice block_size rows (other layers' pages in
   between), read through flat_kv_row_view; the top-k buffer is wider than index_topk (256 vs 128)
   with valid entries past index_topk and -1 holes;
@@ -376,6 +378,29 @@ for kv_cache_dtype in ("auto", "fp8_ds_mla"):
               f"{GEOMETRY['layers']} layer(s)")
         if calls["convert"] != want_converts:
             failures += 1
+        if kv_cache_dtype == "fp8_ds_mla":
+            # The prefill read a 16-bit copy of its context above; with a copy too small for it,
+            # its tokens read the fp8 rows through the index group's physical top-k instead.
+            plan = md.fp8_prefill_context
+            assert plan is not None and [c.direct for c in plan.chunks] == [False], plan
+            builder._fp8_context_rows = plan.chunks[0].num_rows - 1
+            md = builder.build(common_prefix_len=0, common_attn_metadata=b["cm"])
+            assert [c.direct for c in md.fp8_prefill_context.chunks] == [True], md
+            impl = impls[0]
+            cache, rows = write_cache(b, kv_cache_dtype)
+            layer = make_layer(impl, heads, kv_cache_dtype, cfg)
+            q = (torch.randn(b["T"], heads, GEOMETRY["qk_nope"] + ROPE, generator=gen) * 0.5).to(DTYPE)
+            impl.prepare_for_batch(md)
+            impl.record_logical_topk_ready()
+            out = torch.full((b["T"], heads * GEOMETRY["v_head"]), float("nan"), dtype=DTYPE)
+            kv_c = torch.zeros(b["T"], LORA, dtype=DTYPE)
+            k_pe = torch.zeros(b["T"], 1, ROPE, dtype=DTYPE)
+            res = MLAAttention.forward_impl(layer, q, kv_c, k_pe, cache, md, out)
+            err = rel_err(res, reference_layer(q, b, reference_rows(cache, rows, kv_cache_dtype),
+                                               layer, impl.scale))
+            print(f"direct_rel_err {CASE} layer0 {err:.3e}")
+            if not (torch.isfinite(res).all() and err < 2e-3):
+                failures += 1
 if "fp8_carry" in stats:
     print(f"ok fp8 writer bytes: every code within one e4m3 step of torch's rounding but "
           f"{stats['fp8_carry']:.3%} (at most) halved by the interpreter's dropped carry")

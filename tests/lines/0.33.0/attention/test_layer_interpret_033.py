@@ -41,6 +41,9 @@ def test_layer_forward_interpreted(case):
     assert len(errs) == 2 * LAYERS[case], out
     assert {kv for _, kv, _, _ in errs} == {"auto", "fp8_ds_mla"}
     assert all(float(e) < 2e-3 for *_, e in errs), errs
+    # fp8_ds_mla: the prefill through its 16-bit context copy above, then through the fp8 rows
+    direct = re.findall(r"direct_rel_err \S+ layer0 (\S+)", out)
+    assert len(direct) == 1 and float(direct[0]) < 2e-3, out
     # the index group converts the logical top-k once for all its layers
     assert out.count(f"1 for {LAYERS[case]} layer(s)") == 2, out
     # the forward fits what reserve_workspace() claimed (workspace locked)
