@@ -85,10 +85,19 @@ def test_series_mqa_logits(indexer, fp8_mma):
     indexer.test_mqa_logits(fp8_mma)
 
 
+def _params(fn, name):
+    """The values a series test parametrizes `name` with."""
+    return next(m.args[1] for m in fn.pytestmark if m.name == "parametrize" and m.args[0] == name)
+
+
 @pytest.mark.parametrize("fp8_mma", [False, True], ids=["software", "fp8-mma"])
 @pytest.mark.parametrize("next_n", [1, 2])
-def test_series_paged_mqa_logits(indexer, fp8_mma, next_n):
-    indexer.test_paged_mqa_logits(fp8_mma, next_n)
+@pytest.mark.parametrize("grid", [0, 1], ids=["plan", "uneven"])
+def test_series_paged_mqa_logits(indexer, fp8_mma, next_n, grid):
+    """With each launch config the series test has: the plan, and programs sharing a
+    context unevenly."""
+    config = _params(indexer.test_paged_mqa_logits, "config")[grid]
+    indexer.test_paged_mqa_logits(fp8_mma, next_n, config)
 
 
 F16 = torch.float16
