@@ -18,7 +18,9 @@
 #              SMLA_T38_HEADS x SMLA_T38_TOKENS (default 16,32,64 x 1,1024; bf16 and fp8_ds_mla,
 #              both e4m3 paths, both fp8 kernels) under 3.6, then under 3.8, and
 #              bench/compare_triton.py. About 7 minutes (worst case, every timeout hit: 9.5).
-# Three calls, each under the 64 MiB a call carries with the repo (10.1 MB on 2026-12-02):
+# Three calls, each under the 64 MiB a call carries with the repo (10.1 MB on 2026-12-02; 12.3 MB on
+# 2026-12-03, when call 2 no longer fit: split the .xz in two (`split -b 40000000`), carry each
+# piece in a call of its own, `cat | xz -dc` it into $work with its SHA256SUMS, then t38-stage):
 #   1. t38-stage  carry .t38/manifest.json .t38/pieces/01                    (+52.4 MB)
 #   2. t38-stage  carry .gpu-port/so                                         (+55.4 MB)
 #   3. t38        carry .t38/manifest.json .t38/pieces/02 .gpu-port/kern .gpu-port/kpool
