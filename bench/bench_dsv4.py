@@ -35,11 +35,11 @@ decode step (one query token per request), timed as CUDA-graph replays
 the run.  Numerics: ours vs FlashMLA (relative norm error, all tokens) and both vs
 float64 on the first 2 tokens.  Output: OUT_DIR/dsv4.json {"copy_tbps", "rows"}.
 
-  python bench/bench_dsv4.py OUT_DIR [--quick] [--sweep] [--batch N ...]
+  python bench/bench_dsv4.py OUT_DIR [--quick] [--sweep] [--batch N ...] [--context N ...]
   python bench/bench_dsv4.py OUT_DIR --cpu-smoke [--sweep]   (TRITON_INTERPRET=1, tiny
         shapes, fp16 (the interpreter has no bf16 arithmetic), ours only, vs float64)
 --sweep: per cell also the same call with each launch config of SWEEP (BLOCK_H:BLOCK_N:
-warps:stages, passed as the kernel's `config`), timed and checked against float64 the same
+warps:stages[:splits], passed as the kernel's `config`), timed and checked against float64 the same
 way: row["sweep"]. Only the plan the engine uses is "ours_us"; the sweep finds candidates.
 env: SMLA_TREE (the patched tree or the bundle's kern/), SMLA_TREE_BEFORE (optional),
      SMLA_FLASHMLA_SO, SMLA_FLASHMLA_INTERFACE, SMLA_DSV4_SWEEP (space-separated configs
@@ -83,9 +83,10 @@ BATCHES, CONTEXTS, LAYERS = [1, 16, 64], [8192, 65536], ["swa", "c4", "c128"]
 # CPU smoke: tiny shapes under the interpreter
 SMOKE = dict(batch=2, heads=16, context=1024, window=32, topk=64, pool=1024)
 SMOKE_BOUND = 2e-3  # fp16, the series' test bound
-# --sweep: the same call with its launch config overridden (sparse_mla_dsv4_decode's `config`;
-# splits follow from BLOCK_H as in the plan): candidates for the register-bound 64-head decode
-# (bench/README.md, "DeepSeek-V4"), as BLOCK_H:BLOCK_N:num_warps:num_stages
+# --sweep: the same call with its launch config overridden (sparse_mla_dsv4_decode's `config`,
+# BLOCK_H:BLOCK_N:num_warps:num_stages[:num_splits]; without the fifth field the splits follow
+# from the shape as in the plan): candidates for the register-bound 64-head decode
+# (bench/README.md, "DeepSeek-V4")
 SWEEP = tuple(os.environ.get("SMLA_DSV4_SWEEP", "").split()) or (
     "16:32:8:1", "32:16:8:1", "32:16:4:1", "32:32:8:2", "32:16:8:2", "64:16:8:1")
 SMOKE_SWEEP = ("16:32:8:1", "32:16:4:1")  # the interpreter ignores warps and stages
@@ -99,9 +100,13 @@ def _line_tree(repo: Path) -> Path:
 
 
 def sweep_config(spec: str) -> dict:
-    """'BLOCK_H:BLOCK_N:num_warps:num_stages' -> sparse_mla_dsv4_decode's config."""
-    bh, bn, warps, stages = (int(v) for v in spec.split(":"))
-    return dict(BLOCK_H=bh, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+    """'BLOCK_H:BLOCK_N:num_warps:num_stages[:num_splits]' -> sparse_mla_dsv4_decode's
+    config (without num_splits the splits follow from the shape as in the plan)."""
+    vals = [int(v) for v in spec.split(":")]
+    cfg = dict(zip(("BLOCK_H", "BLOCK_N", "num_warps", "num_stages", "num_splits"), vals))
+    if len(vals) not in (4, 5):
+        raise ValueError(f"sweep config {spec!r}: BLOCK_H:BLOCK_N:warps:stages[:splits]")
+    return cfg
 
 
 def tree() -> Path:
@@ -337,7 +342,9 @@ def main() -> None:
         ap.add_argument("--cpu-smoke", action="store_true",
                         help="TRITON_INTERPRET=1, tiny shapes, ours only"),
         ap.add_argument("--batch", type=int, action="append",
-                        help="only this batch (repeatable; default 1, 16, 64, --quick 1 and 64)")))
+                        help="only this batch (repeatable; default 1, 16, 64, --quick 1 and 64)"),
+        ap.add_argument("--context", type=int, action="append",
+                        help="only this context (repeatable; default 8192, 65536, --quick 8192)")))
     if args.cpu_smoke:
         sys.exit(cpu_smoke(args.out_dir, args.sweep))
     before_tree = os.environ.get("SMLA_TREE_BEFORE")
@@ -356,7 +363,7 @@ def main() -> None:
     # one workspace for the split-K scratch, as the class's workspace manager
     workspace = torch.empty(1 << 26, dtype=torch.float32, device="cuda")
     batches, contexts = ([1, 64], [8192]) if args.quick else (BATCHES, CONTEXTS)
-    batches = args.batch or batches
+    batches, contexts = args.batch or batches, args.context or contexts
     rows = []
     for layer in LAYERS:
         for ctx in contexts:
