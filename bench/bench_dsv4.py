@@ -85,10 +85,10 @@ SMOKE = dict(batch=2, heads=16, context=1024, window=32, topk=64, pool=1024)
 SMOKE_BOUND = 2e-3  # fp16, the series' test bound
 # --sweep: the same call with its launch config overridden (sparse_mla_dsv4_decode's `config`,
 # BLOCK_H:BLOCK_N:num_warps:num_stages[:num_splits]; without the fifth field the splits follow
-# from the shape as in the plan): candidates for the register-bound 64-head decode
-# (bench/README.md, "DeepSeek-V4")
+# from the shape as in the plan): the neighbours of the plans under Triton 3.6 (16:32:4:2) and
+# 3.7+ (16:32:8:2 / 32:32:4:2) (bench/README.md, "One tile at every batch")
 SWEEP = tuple(os.environ.get("SMLA_DSV4_SWEEP", "").split()) or (
-    "16:32:8:1", "32:16:8:1", "32:16:4:1", "32:32:8:2", "32:16:8:2", "64:16:8:1")
+    "16:32:8:2", "32:32:4:2", "32:32:4:2:2", "16:64:4:2", "16:16:4:2", "16:32:4:3")
 SMOKE_SWEEP = ("16:32:8:1", "32:16:4:1")  # the interpreter ignores warps and stages
 
 
