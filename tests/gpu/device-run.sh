@@ -93,6 +93,13 @@ unpack_so() {
   xz -dc "$b/so/_C_stable_libtorch.abi3.so.xz" > "$work/_C_stable_libtorch.abi3.so" \
     && cp "$b/so/SHA256SUMS" "$work/" && (cd "$work" && sha256sum -c SHA256SUMS)
 }
+# The bundle's patched tree into $work/tree, its wheels and extra modules into /tmp/site
+unpack_tree() {
+  rm -rf "$work/tree" && mkdir -p "$work/tree"
+  xz -dc "$b/tree/tree.tar.xz" | tar -x -C "$work/tree"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$b"/tree/whl/*.whl
+  cp -r "$b"/tree/site-extra/* /tmp/site/
+}
 case "$phase" in
   kernels)
     unpack_so > "$out/so-unpack.log" 2>&1 &
@@ -110,28 +117,22 @@ case "$phase" in
     exit $rc
     ;;
   backend)
-    rm -rf "$work/tree" && mkdir -p "$work/tree"
-    xz -dc "$b/tree/tree.tar.xz" | tar -x -C "$work/tree"
+    unpack_tree
     if [ -f "$work/SHA256SUMS" ] && (cd "$work" && sha256sum -c --quiet SHA256SUMS); then
       cp "$work/_C_stable_libtorch.abi3.so" "$work/tree/vllm/"
       echo "vLLM compiled ops: present (sha256 ok)" | tee -a "$out/gpu-env-$phase.txt"
     else
       echo "vLLM compiled ops: MISSING (phase 1 files gone): stand-in import" | tee -a "$out/gpu-env-$phase.txt"
     fi
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$b"/tree/whl/*.whl
-    cp -r "$b"/tree/site-extra/* /tmp/site/
     export PYTHONPATH=/tmp/site:$PWD/tools SMLA_TREE=$work/tree
     export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
     python3 -m pytest tests/gpu/test_backend_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
       2>&1 | tee "$out/gpu-tests-backend.log"
     ;;
   all)  # carry .gpu-port/so .gpu-port/tree : everything in one call
-    rm -rf "$work/tree" && mkdir -p "$work/tree"
-    xz -dc "$b/tree/tree.tar.xz" | tar -x -C "$work/tree"
+    unpack_tree
     xz -dc "$b/so/_C_stable_libtorch.abi3.so.xz" > "$work/tree/vllm/_C_stable_libtorch.abi3.so"
     (cd "$work/tree/vllm" && sha256sum -c "$OLDPWD/$b/so/SHA256SUMS") | tee -a "$out/gpu-env-$phase.txt"
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$b"/tree/whl/*.whl
-    cp -r "$b"/tree/site-extra/* /tmp/site/
     export SMLA_TREE=$work/tree SMLA_GPU_RESULTS=$out/gpu-results.jsonl
     rc=0
     python3 -m pytest tests/gpu/test_kernel_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
@@ -275,9 +276,7 @@ case "$phase" in
     python3 -m pytest -p series_ops_stub -p no:cacheprovider -q -rA "$@" \
       "$b"/kern/tests/kernels/attention/test_triton_sparse_mla.py > "$out/series-tests.log" 2>&1 || rc=$?
     tail -2 "$out/series-tests.log"
-    rm -rf "$work/tree" && mkdir -p "$work/tree" && xz -dc "$b/tree/tree.tar.xz" | tar -x -C "$work/tree"
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$b"/tree/whl/*.whl
-    cp -r "$b"/tree/site-extra/* /tmp/site/
+    unpack_tree
     (export PYTHONPATH=/tmp/site:$PWD/tools SMLA_TREE=$work/tree VLLM_LOGGING_LEVEL=WARNING
      python3 -m pytest tests/gpu/test_backend_gpu.py -m gpu -q -p no:cacheprovider -rA "$@" \
        > "$out/gpu-tests-backend.log" 2>&1) || rc=$?
