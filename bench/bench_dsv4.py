@@ -103,10 +103,9 @@ def sweep_config(spec: str) -> dict:
     """'BLOCK_H:BLOCK_N:num_warps:num_stages[:num_splits]' -> sparse_mla_dsv4_decode's
     config (without num_splits the splits follow from the shape as in the plan)."""
     vals = [int(v) for v in spec.split(":")]
-    cfg = dict(zip(("BLOCK_H", "BLOCK_N", "num_warps", "num_stages", "num_splits"), vals))
     if len(vals) not in (4, 5):
         raise ValueError(f"sweep config {spec!r}: BLOCK_H:BLOCK_N:warps:stages[:splits]")
-    return cfg
+    return dict(zip(("BLOCK_H", "BLOCK_N", "num_warps", "num_stages", "num_splits"), vals))
 
 
 def tree() -> Path:
