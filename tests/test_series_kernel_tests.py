@@ -141,11 +141,10 @@ def test_series_dsv4_tests_can_fail(dsv4):
         dsv4.sparse_mla_dsv4_decode = real
 
 
-@pytest.mark.parametrize("triton_3_7", [False, True])
 @pytest.mark.parametrize("sms", [16, 132])
-def test_series_dsv4_plan(dsv4, sms, triton_3_7, monkeypatch):
+def test_series_dsv4_plan(dsv4, sms):
     dsv4.test_plan_head_blocks_and_scratch_bound(sms)
-    dsv4.test_fp8_plan(sms, triton_3_7, monkeypatch)
+    dsv4.test_fp8_plan(sms)
 
 
 def test_series_unknown_config_keys(attn, dsv4):
