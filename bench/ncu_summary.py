@@ -36,23 +36,37 @@ SHOWN = {
 STALL = "smsp__average_warps_issue_stalled_"
 
 
-def read(path: Path) -> dict:
+def read(path: Path) -> list[dict]:
+    """The kernels of one raw-page CSV, in launch order: {metric: (value, unit)} each."""
     rows = [r for r in csv.reader(line for line in path.read_text().splitlines() if line.startswith('"'))]
     if len(rows) < 3:
-        return {}
-    names, units, values = rows[0], rows[1], rows[2]
-    out = {}
-    for n, u, v in zip(names, units, values):
-        try:
-            out[n] = (float(v.replace(",", "")), u)
-        except ValueError:
-            out[n] = (v, u)
-    return out
+        return []
+    names, units = rows[0], rows[1]
+    kernels = []
+    for values in rows[2:]:
+        out = {}
+        for n, u, v in zip(names, units, values):
+            try:
+                out[n] = (float(v.replace(",", "")), u)
+            except ValueError:
+                out[n] = (v, u)
+        kernels.append(out)
+    return kernels
+
+
+def cells_of(path: Path) -> dict:
+    """{cell: metrics}: the file's name for a one-kernel CSV (bench/ncu_cells.sh), else one
+    entry per kernel, "<file> #<i> <kernel name>" (bench/ncu_dsv4.sh: ours and FlashMLA's)."""
+    kernels = read(path)
+    if len(kernels) <= 1:
+        return {path.stem: kernels[0] if kernels else {}}
+    return {f"{path.stem} #{i} {str(m.get('Kernel Name', ('?',))[0])[:60]}": m
+            for i, m in enumerate(kernels)}
 
 
 def main() -> None:
     out = Path(sys.argv[1])
-    cells = {p.stem: read(p) for p in sorted(out.glob("*.csv"))}
+    cells = {name: m for p in sorted(out.glob("*.csv")) for name, m in cells_of(p).items()}
     (out / "ncu.json").write_text(json.dumps(cells, indent=1, sort_keys=True))
     for name, m in cells.items():
         print(f"## {name}")

@@ -66,8 +66,6 @@ def _attrs(fn) -> dict:
 def plans(mod, arch: int, fp8: bool):
     """(attention configs, merge configs) `_plan_for` can launch on `arch` for the fp8 decode
     kernel (fp8) or the 16-bit one."""
-    import triton
-
     fwd, merge = set(), set()
     for sms in SMS[arch]:
         for H in PADDED_HEADS:
@@ -77,8 +75,8 @@ def plans(mod, arch: int, fp8: bool):
                     split = p["num_splits"] > 1
                     fwd.add((p["BLOCK_H"], p["BLOCK_N"], p["num_warps"], p["num_stages"], split))
                     if split:
-                        merge.add((max(16, triton.next_power_of_2(p["num_splits"])),
-                                   4 if p["num_splits"] <= 16 else 8))
+                        m = mod._merge_config(p["num_splits"])
+                        merge.add((m["BLOCK_S"], m["num_warps"]))
     return sorted(fwd), sorted(merge)
 
 
