@@ -23,8 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 import bench_attention as ba  # noqa: E402
-from sparse_mla_reference import load_tree_module  # noqa: E402
-from timing import median_us, prewarm_workers  # noqa: E402
+from timing import load_with_own_siblings, median_us, prewarm_workers  # noqa: E402
 
 REL = "vllm/v1/attention/ops/triton_sparse_mla.py"
 SPEC = json.loads(Path(sys.argv[2]).read_text())
@@ -32,7 +31,8 @@ VARIANTS = Path(sys.argv[3])
 
 
 def mods():
-    return {n: load_tree_module(VARIANTS / n, REL, "v_" + n) for n in SPEC["variants"]}
+    """Each variant's kernel file with the kernel modules it imports from its own directory."""
+    return {n: load_with_own_siblings(VARIANTS / n, REL, "v_" + n) for n in SPEC["variants"]}
 
 
 def items():

@@ -3,7 +3,9 @@
 - ``parse_args(doc, extra)``: OUT_DIR [--quick] [--sweep] (+ what ``extra(parser)``
   adds), OUT_DIR created.
 - ``kernel_modules(rel, prefix)``: (the kernel file ``rel`` of SMLA_TREE,
-  the same file of SMLA_TREE_BEFORE or None), loaded by path.
+  the same file of SMLA_TREE_BEFORE or None), loaded by path; the earlier
+  file with the kernel modules it imports from its own tree
+  (``load_with_own_siblings``, also kernel_variants.py's loader).
 
 - ``median_us(fn, graph)``: median µs of ``fn`` with triton.testing.do_bench
   (CUDA events, L2 flushed before each run), eager or as CUDA-graph replays
@@ -27,7 +29,7 @@ import triton
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from sparse_mla_reference import load_tree_module  # noqa: E402
+from sparse_mla_reference import OPS_PACKAGE, load_tree_module, provide_ops_package  # noqa: E402
 
 
 def _line_tree(repo: Path) -> Path:
@@ -55,8 +57,41 @@ def kernel_modules(rel: str, prefix: str):
                            prefix + "_now")
     before = None
     if os.environ.get("SMLA_TREE_BEFORE"):
-        before = load_tree_module(Path(os.environ["SMLA_TREE_BEFORE"]), rel, prefix + "_before")
+        before = load_with_own_siblings(Path(os.environ["SMLA_TREE_BEFORE"]), rel,
+                                         prefix + "_before")
     return now, before
+
+
+def load_with_own_siblings(tree: Path, rel: str, prefix: str):
+    """load_tree_module of `tree`, whose imports of vllm.v1.attention.ops.* (e.g. the V4 kernel's
+    of the DSA kernel's helpers) resolve to `tree`'s files, not to the modules SMLA_TREE's file
+    loaded: the stand-in ops package looks in `tree` while it loads, and the modules imported
+    meanwhile are dropped afterwards (the loaded kernels keep their own references). A real
+    vLLM package (the backend tests) is used as it is."""
+    provide_ops_package(tree)
+    pkg = sys.modules[OPS_PACKAGE]
+    if not getattr(pkg, "__smla_stub__", False):
+        return load_tree_module(tree, rel, prefix)
+
+    def submodules() -> dict:  # name in the package -> module (direct children only)
+        n = len(OPS_PACKAGE) + 1
+        return {k[n:]: m for k, m in sys.modules.items()
+                if k.startswith(OPS_PACKAGE + ".") and "." not in k[n:]}
+
+    saved, saved_path = submodules(), pkg.__path__
+    for name in saved:
+        del sys.modules[f"{OPS_PACKAGE}.{name}"]
+    pkg.__path__ = [str(tree.joinpath(*OPS_PACKAGE.split(".")))]
+    try:
+        return load_tree_module(tree, rel, prefix)
+    finally:
+        for name in submodules():
+            del sys.modules[f"{OPS_PACKAGE}.{name}"]
+            pkg.__dict__.pop(name, None)  # `import package.module` reads this attribute
+        for name, m in saved.items():
+            sys.modules[f"{OPS_PACKAGE}.{name}"] = m
+            setattr(pkg, name, m)
+        pkg.__path__ = saved_path
 
 
 def capture(fn):

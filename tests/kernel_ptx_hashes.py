@@ -48,7 +48,7 @@ def main(tree: str, arch: int, prefix: str = "ptx") -> None:
                                BLOCK_N=cfg["BLOCK_N"], BLOCK_DV=512, SPLIT=cfg["num_splits"] > 1,
                                PDL=False, KV_FP8=fp8, FP8_HW=fp8 and arch >= 89,
                                ROPE_DT=triton.language.bfloat16 if fp8 else None,
-                               PACKED=fp8 and arch < 89, IEEE_DOT=False)
+                               PACKED=fp8, IEEE_DOT=False)
                     cst = {k: v for k, v in cst.items() if k in fwd.arg_names}
                     k = triton.compile(ASTSource(fn=fwd, signature=sig, constexprs=cst), target=target,
                                        options=dict(num_warps=cfg["num_warps"],

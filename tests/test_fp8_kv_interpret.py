@@ -257,6 +257,29 @@ def test_fp8_codes_tile_register_cap(smla):
     assert cfg(16, 4096, 2048, bf16, 132, (9, 0))["maxnreg"] is None  # 16-bit cache
 
 
+def test_fp8_32_head_tiles(smla):
+    """17-32 heads on an fp8_ds_mla cache: the codes kernel in 32-head x 32-row tiles on 4 warps
+    (no register cap) once the grid holds more than one wave of programs, the dequantised 64-head
+    tile up to one wave (H200, 32 heads: 160 tokens 327 vs 400 us; 132 tokens 241 vs 211 us), the
+    16-head split tiles for a few tokens; the 16-bit cache keeps its 32-head tile throughout."""
+    cfg, bf16 = smla._config_for, torch.bfloat16
+    for H in (20, 32):
+        for T in (133, 160, 4096):
+            got = cfg(H, T, 2048, bf16, 132, (9, 0), kv_fp8=True)
+            assert not got["FP8_DEQUANT"], (H, T)
+            assert (got["BLOCK_H"], got["BLOCK_N"], got["num_warps"], got["num_stages"],
+                    got["maxnreg"], got["num_splits"]) == (32, 32, 4, 2, None, 1), (H, T)
+        for T in (64, 132):
+            got = cfg(H, T, 2048, bf16, 132, (9, 0), kv_fp8=True)
+            assert got["FP8_DEQUANT"] and got["BLOCK_H"] == 64, (H, T)
+        assert cfg(H, 4, 2048, bf16, 132, (9, 0), kv_fp8=True)["BLOCK_H"] == 16
+        for T in (64, 4096):
+            assert cfg(H, T, 2048, bf16, 132, (9, 0))["BLOCK_H"] == 32, (H, T)
+    # the ~99 KB parts: the same tile with one stage (compiled: 72 KB of shared memory)
+    got = cfg(32, 4096, 2048, bf16, 128, (8, 9), kv_fp8=True)
+    assert not got["FP8_DEQUANT"] and (got["BLOCK_H"], got["num_stages"]) == (32, 1)
+
+
 def test_16bit_tiles_per_triton(smla, monkeypatch):
     """Triton >= 3.7 takes the 16-bit kernel's own rows (<= 16 heads: 64-row tiles on 4 warps, long
     and short grids; 32 heads: 3 stages; both measured on the H200 under 3.8), Triton 3.6 the

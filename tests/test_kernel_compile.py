@@ -155,16 +155,21 @@ def _run_child(arch: int) -> list[dict]:
 # The GPU's e4m3 conversions in PTX (cvt ... e4m3 ...), instruction lines only: the debug info
 # names files such as triton_fp8_e4m3.py.
 E4M3_CVT = re.compile(r"^\s*(?:@!?%\w+\s+)?cvt\.[\w.]*e4m3", re.MULTILINE)
+# Shared-memory loads of one byte (PTX ld.shared.u8 / .b8 / .s8): e4m3 codes read into a
+# tensor-core operand's registers one byte per lane.
+SHARED_BYTE_LOAD = re.compile(r"^\s*(?:@!?%\w+\s+)?ld\.shared\.[usb]8\b", re.MULTILINE)
 
 
 def finish_record(rec: dict, k) -> dict:
     """Add to a compile record what every compile-only test checks: the arch's shared-memory
-    limit, cubin / PTX present, the hardware e4m3 conversions in the PTX, registers / spills."""
+    limit, cubin / PTX present, the hardware e4m3 conversions and the one-byte shared-memory
+    loads in the PTX, registers / spills."""
     ptx = k.asm.get("ptx", "")
     rec["smem_limit"] = SMEM_LIMIT[rec["arch"]]
     rec["has_cubin"] = len(k.asm.get("cubin", b"")) > 0
     rec["has_ptx"] = len(ptx) > 0
     rec["e4m3_cvt"] = len(E4M3_CVT.findall(ptx))
+    rec["shared_byte_loads"] = len(SHARED_BYTE_LOAD.findall(ptx))
     if rec["has_cubin"]:
         rec.update(_resources(k.asm["cubin"]))
     return rec

@@ -139,12 +139,12 @@ def compile_matrix(arch: int) -> list[dict]:
                        PDL=split and pdl_arch)
             if fp8:
                 # the rope is written as bf16 for either model dtype (the backend); the
-                # software decode in its PTX form, as on a GPU
-                cst.update(FP8_HW=hw, ROPE_DT=tl.bfloat16, PACKED=not hw)
+                # e4m3 conversions in their PTX form, as on an NVIDIA GPU
+                cst.update(FP8_HW=hw, ROPE_DT=tl.bfloat16, PACKED=True)
                 assert bdv == 512, bdv  # fp8 programs cover the 512 latent columns
             if fwd is mod._sparse_mla_fwd_kernel:
                 cst.update(KV_FP8=fp8, FP8_HW=hw, ROPE_DT=tl.bfloat16 if fp8 else None,
-                           PACKED=fp8 and not hw)
+                           PACKED=fp8)
             if not (fp8 and not deq):
                 cst.update(BLOCK_DV=bdv)
             sig = _signature(fwd, dt, dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt",
@@ -183,7 +183,7 @@ def compile_matrix(arch: int) -> list[dict]:
         for d_pe in (64, 0):
             for hw in ((True, False) if arch >= 89 else (False,)):
                 cst = dict(D_NOPE=512, D_PE=d_pe, KV_BS=64, BLOCK_N=mod._CONTEXT_BLOCK_N,
-                           FP8_HW=hw, PACKED=not hw, ROPE_DT=tl.bfloat16)
+                           FP8_HW=hw, PACKED=True, ROPE_DT=tl.bfloat16)
                 k = triton.compile(ASTSource(fn=ctx, signature=csig, constexprs=cst,
                                              attrs=_runtime_attrs(ctx)),
                                    target=target, options=dict(num_warps=4))
@@ -207,11 +207,18 @@ def test_every_heuristic_config_compiles(children, arch):
         kinds = {(x["dtype"], x["kv"], x["decode"]) for x in fwd if x["nope"] == nope}
         assert kinds == _want_kinds(arch), (nope, kinds)
         assert {x["split"] for x in fwd if x["nope"] == nope} == {False, True}, nope
-        # both fp8 kernels on every arch: the codes kernel for <= 16-head tiles,
-        # rows dequantised into the 16-bit kernel for the 16-head decode tiles and
-        # 17+ heads (32-head tiles on the ~99 KB parts)
+        # both fp8 kernels on every arch: the codes kernel for <= 32-head tiles of
+        # long grids, rows dequantised into the 16-bit kernel for the 16-head decode
+        # tiles, short 17-32-head grids and 33+ heads (32-head tiles on the ~99 KB parts)
         fp8 = [x for x in fwd if x["kv"] == "fp8_ds_mla" and x["nope"] == nope]
         assert any(x["dequant"] for x in fp8) and not all(x["dequant"] for x in fp8), arch
+        # the codes kernel converts each gathered tile once, from 16-byte shared-memory
+        # loads, and feeds both dots float16 (_e4m3_f16's PINNED): no code reaches a dot
+        # operand byte by byte (128 one-byte loads per tile step before; H200, 8 heads x
+        # 64 tokens: 84 vs 90 us)
+        codes = [x for x in fp8 if not x["dequant"]]
+        assert codes and all(x["shared_byte_loads"] == 0 for x in codes), [
+            (x["BLOCK_H"], x["decode"], x["shared_byte_loads"]) for x in codes]
     assert any(x["kernel"] == "merge" for x in recs)
     ctx = {(x["dtype"], x["nope"], x["decode"]) for x in recs if x["kernel"] == "context"}
     assert ctx == {(dt, nope, d) for dt in ("bf16", "fp16") for nope in (False, True)
