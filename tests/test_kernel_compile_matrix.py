@@ -78,7 +78,6 @@ def plans(mod, arch: int, kv_cache_dtype: str = "auto", heads=HEADS, topks=TOPK)
     """(attention configs, merge configs) the heuristic can launch on `arch`
     for a cache of this type (the fp8 kernel has its own tile rule)."""
     import torch
-    import triton
 
     cap = (arch // 10, arch % 10)
     fwd, merge = set(), set()
@@ -97,8 +96,8 @@ def plans(mod, arch: int, kv_cache_dtype: str = "auto", heads=HEADS, topks=TOPK)
                                      cfg["num_warps"], cfg["num_stages"], split,
                                      bool(cfg.get("FP8_DEQUANT")), cfg.get("maxnreg") or 0))
                             if split:
-                                merge.add((max(16, triton.next_power_of_2(splits)),
-                                           4 if splits <= 16 else 8))
+                                m = mod._merge_config(splits)
+                                merge.add((m["BLOCK_S"], m["num_warps"]))
     finally:
         mod._device_info = saved
     return sorted(fwd), sorted(merge)
