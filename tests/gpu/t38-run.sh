@@ -21,6 +21,8 @@
 # Three calls, each under the 64 MiB a call carries with the repo (10.1 MB on 2026-12-02; 12.3 MB on
 # 2026-12-03, when call 2 no longer fit: split the .xz in two (`split -b 40000000`), carry each
 # piece in a call of its own, `cat | xz -dc` it into $work with its SHA256SUMS, then t38-stage):
+# (2026-12-04: with the repo at 13.1 MB even pieces/01 beside .gpu-port/fm no longer fit; cut the payload
+# in three, `python tests/gpu/t38_bundle.py --resplit --piece-mib 34`, and stage 01 and 02 before t38.)
 #   1. t38-stage  carry .t38/manifest.json .t38/pieces/01                    (+52.4 MB)
 #   2. t38-stage  carry .gpu-port/so                                         (+55.4 MB)
 #   3. t38        carry .t38/manifest.json .t38/pieces/02 .gpu-port/kern .gpu-port/kpool
