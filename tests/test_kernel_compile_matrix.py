@@ -182,7 +182,7 @@ def compile_matrix(arch: int) -> list[dict]:
         for d_pe in (64, 0):
             for hw in ((True, False) if arch >= 89 else (False,)):
                 cst = dict(D_NOPE=512, D_PE=d_pe, KV_BS=64, BLOCK_N=mod._CONTEXT_BLOCK_N,
-                           FP8_HW=hw, PACKED=True, ROPE_DT=tl.bfloat16)
+                           FP8_HW=hw, PACKED=not hw, ROPE_DT=tl.bfloat16)
                 k = triton.compile(ASTSource(fn=ctx, signature=csig, constexprs=cst,
                                              attrs=_runtime_attrs(ctx)),
                                    target=target, options=dict(num_warps=4))
