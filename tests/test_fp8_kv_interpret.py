@@ -65,7 +65,7 @@ def smla(vllm_tree):
 
 
 # the kernel module's helpers, bound by the fixture below
-_ds_mla_codes = _ds_mla_scale = None
+_ds_mla_codes = _ds_mla_scale = _fp8_tile_order = _fp8_tile_unorder = None
 
 
 @triton.jit
@@ -75,13 +75,13 @@ def _dequant_rows(kv_ptr, out_ptr, n_rows, stride_row, BLOCK_N: tl.constexpr,
     _ds_mla_codes / _ds_mla_scale for each 128-value tile of the fp8_ds_mla
     rows at kv_ptr (row stride in bytes); the codes float16, as the kernel
     feeds them to its dots (the software decode's element-wise form: the
-    interpreter runs no PTX)."""
+    interpreter runs no PTX), put back in column order (_fp8_tile_unorder)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     valid = rows < n_rows
     row = kv_ptr + rows.to(tl.int64) * stride_row
     offs = tl.arange(0, 128)
     for tile in tl.static_range(D_NOPE // 128):
-        codes = _ds_mla_codes(row, tile * 128, valid, FP8_HW, False)
+        codes = _fp8_tile_unorder(_ds_mla_codes(row, tile * 128, valid, FP8_HW, False))
         scale = _ds_mla_scale(row, tile * 128, valid, D_NOPE, FP8_HW)
         x = codes.to(tl.float32) * scale[:, None]
         tl.store(out_ptr + rows[:, None] * D_NOPE + tile * 128 + offs[None, :], x,
@@ -90,9 +90,10 @@ def _dequant_rows(kv_ptr, out_ptr, n_rows, stride_row, BLOCK_N: tl.constexpr,
 
 @pytest.fixture(scope="module")
 def dequant_kernel(smla):
-    global _ds_mla_codes, _ds_mla_scale
+    global _ds_mla_codes, _ds_mla_scale, _fp8_tile_unorder
     # the interpreter resolves globals at run time
     _ds_mla_codes, _ds_mla_scale = smla._ds_mla_codes, smla._ds_mla_scale
+    _fp8_tile_unorder = smla._fp8_tile_unorder
 
     def run(rows: torch.Tensor, hw: bool) -> torch.Tensor:
         out = torch.full((rows.shape[0], R), float("nan"))
@@ -144,6 +145,30 @@ def test_dequant_masks_rows(dequant_kernel):
     ref = rows[:, :R].view(torch.float8_e4m3fn).float() * SCALES[:5].repeat_interleave(TILE, 1)
     fin = torch.isfinite(ref)
     assert torch.equal(out[fin], ref[fin])
+
+
+@triton.jit
+def _tile_order_rows(x_ptr, y_ptr, z_ptr, R_: tl.constexpr, C: tl.constexpr):
+    """Test driver: y = _fp8_tile_order(x), z = _fp8_tile_unorder(y), [R_, C] float16."""
+    offs = tl.arange(0, R_)[:, None] * C + tl.arange(0, C)[None, :]
+    y = _fp8_tile_order(tl.load(x_ptr + offs))
+    tl.store(y_ptr + offs, y)
+    tl.store(z_ptr + offs, _fp8_tile_unorder(y))
+
+
+def test_fp8_tile_order(smla):
+    """The fp8 kernel's float16 tiles (codes and query alike) hold column 16j + 8a + e at
+    64a + 8j + e (each lane's two 16-byte chunks 8 apart: conflict-free shared stores), and
+    _fp8_tile_unorder puts the output columns back."""
+    global _fp8_tile_order, _fp8_tile_unorder
+    _fp8_tile_order, _fp8_tile_unorder = smla._fp8_tile_order, smla._fp8_tile_unorder
+    x = torch.arange(4 * 128, dtype=torch.float16).view(4, 128)
+    y, z = torch.empty_like(x), torch.empty_like(x)
+    _tile_order_rows[(1,)](x, y, z, R_=4, C=128)
+    a, j, e = torch.meshgrid(torch.arange(2), torch.arange(8), torch.arange(8), indexing="ij")
+    src = (16 * j + 8 * a + e).reshape(-1)  # new column 64a + 8j + e, in order
+    assert torch.equal(y, x[:, src])
+    assert torch.equal(z, x)
 
 
 def test_reference_writer_layout():
