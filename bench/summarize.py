@@ -2,7 +2,10 @@
 """Print the attention, host-time, DeepSeek-V4 decode, indexer and GLM-5.3-Flash benchmark
 results (attention.json, host.json, dsv4.json, indexer.json, glm53.json in DIR) as short tables.
 usage: python bench/summarize.py DIR
-       python bench/summarize.py --readme DIR   (the README's Speed tables, Markdown)"""
+       python bench/summarize.py --readme DIR   (the README's Speed tables, Markdown)
+       python bench/summarize.py --engine DIR   (bench/README.md's engine-form table, Markdown:
+                                                 attention.json, Triton 3.6, beside
+                                                 attention-3.8.json where DIR has it)"""
 from __future__ import annotations
 
 import json
@@ -102,8 +105,39 @@ def readme(d: Path) -> None:
               f"{us(hw['ours_us'])} | {us(sw['ours_us'])} | {us(hw.get('flashmla_us'))} |")
 
 
+def ratio(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def engine(d: Path) -> None:
+    """bench/README.md's table of every engine-form cell: Triton 3.6 (attention.json) and,
+    where DIR has attention-3.8.json, the same cells under 3.8."""
+    def cells(name):
+        f = d / name
+        if not f.is_file():
+            return {}
+        return {(r["heads"], r["tokens"], r["cache"], r.get("path")): r
+                for r in json.loads(f.read_text())["rows"] if r["call"] == "engine"}
+
+    a, b = cells("attention.json"), cells("attention-3.8.json")
+    print("| cache | e4m3 path | heads | tokens | graph | 3.6: ours µs | FlashMLA µs | ours / FM "
+          "| 3.8: ours µs | FlashMLA µs | ours / FM | fp8 kernel picked | 3.6: codes µs "
+          "| dequant µs | % copy BW | rel. err vs f64 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for key, r in a.items():
+        o = b.get(key, {})
+        print(f"| {r['cache']} | {r.get('path') or '-'} | {r['heads']} | {r['tokens']} | "
+              f"{'yes' if r['graph'] else 'no'} | {us(r['ours_us'])} | {us(r.get('flashmla_us'))} | "
+              f"{ratio(r.get('ours_vs_flashmla'))} | {us(o.get('ours_us'))} | "
+              f"{us(o.get('flashmla_us'))} | {ratio(o.get('ours_vs_flashmla'))} | "
+              f"{r.get('fp8_kernel', '-')} | {us(r.get('codes_us'))} | {us(r.get('dequant_us'))} | "
+              f"{r['pct_copy_bw']:.0f} | {r['rel_err_vs_f64']:.1e} |")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--readme":
         readme(Path(sys.argv[2]))
+    elif sys.argv[1] == "--engine":
+        engine(Path(sys.argv[2]))
     else:
         main(Path(sys.argv[1]))
