@@ -65,7 +65,7 @@ def smla(vllm_tree):
 
 
 # the kernel module's helpers, bound by the fixture below
-_ds_mla_codes = _ds_mla_scale = _fp8_tile_order = _fp8_tile_unorder = None
+_ds_mla_codes = _ds_mla_scale = _fp8_tile_order = _fp8_tile_unorder = _fp8_tile_columns = None
 
 
 @triton.jit
@@ -148,27 +148,35 @@ def test_dequant_masks_rows(dequant_kernel):
 
 
 @triton.jit
-def _tile_order_rows(x_ptr, y_ptr, z_ptr, R_: tl.constexpr, C: tl.constexpr):
-    """Test driver: y = _fp8_tile_order(x), z = _fp8_tile_unorder(y), [R_, C] float16."""
+def _tile_order_rows(x_ptr, y_ptr, z_ptr, c_ptr, R_: tl.constexpr, C: tl.constexpr):
+    """Test driver: y = _fp8_tile_order(x), z = _fp8_tile_unorder(y), [R_, C] float32;
+    c = _fp8_tile_columns(C)."""
     offs = tl.arange(0, R_)[:, None] * C + tl.arange(0, C)[None, :]
     y = _fp8_tile_order(tl.load(x_ptr + offs))
     tl.store(y_ptr + offs, y)
     tl.store(z_ptr + offs, _fp8_tile_unorder(y))
+    tl.store(c_ptr + tl.arange(0, C), _fp8_tile_columns(C))
 
 
-def test_fp8_tile_order(smla):
-    """The fp8 kernel's float16 tiles (codes and query alike) hold column 16j + 8a + e at
-    64a + 8j + e (each lane's two 16-byte chunks 8 apart: conflict-free shared stores), and
-    _fp8_tile_unorder puts the output columns back."""
-    global _fp8_tile_order, _fp8_tile_unorder
+@pytest.mark.parametrize("C", [128, 512])
+def test_fp8_tile_order(smla, C):
+    """The fp8 paths' 16-bit tiles (the codes kernel's 128 columns, the dequantised rows' 512)
+    hold column 16j + 8a + e at (C/2)a + 8j + e (each lane's two 16-byte chunks C/16 apart:
+    conflict-free shared stores); _fp8_tile_unorder puts them back and _fp8_tile_columns names
+    them (the dequantising path's query loads and output stores)."""
+    global _fp8_tile_order, _fp8_tile_unorder, _fp8_tile_columns
     _fp8_tile_order, _fp8_tile_unorder = smla._fp8_tile_order, smla._fp8_tile_unorder
-    x = torch.arange(4 * 128, dtype=torch.float16).view(4, 128)
+    _fp8_tile_columns = smla._fp8_tile_columns
+    x = torch.arange(4 * C, dtype=torch.float32).view(4, C)
     y, z = torch.empty_like(x), torch.empty_like(x)
-    _tile_order_rows[(1,)](x, y, z, R_=4, C=128)
-    a, j, e = torch.meshgrid(torch.arange(2), torch.arange(8), torch.arange(8), indexing="ij")
-    src = (16 * j + 8 * a + e).reshape(-1)  # new column 64a + 8j + e, in order
+    cols = torch.empty(C, dtype=torch.int32)
+    _tile_order_rows[(1,)](x, y, z, cols, R_=4, C=C)
+    a, j, e = torch.meshgrid(torch.arange(2), torch.arange(C // 16), torch.arange(8),
+                             indexing="ij")
+    src = (16 * j + 8 * a + e).reshape(-1)  # new column (C/2)a + 8j + e, in order
     assert torch.equal(y, x[:, src])
     assert torch.equal(z, x)
+    assert torch.equal(cols.long(), src)
 
 
 def test_reference_writer_layout():
