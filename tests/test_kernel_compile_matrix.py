@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from test_kernel_compile import (  # noqa: E402
-    ARCHES, SMEM_LIMIT, _signature, arch_children_fixture, arch_records, assert_compiled,
+    ARCHES, _signature, arch_children_fixture, arch_records, assert_compiled,
     finish_record)
 
 # SM counts of real parts per arch (the heuristic's split-K and tile choices
@@ -113,6 +113,7 @@ def compile_matrix(arch: int) -> list[dict]:
 
     mod = load_sparse_mla_module(default_tree(), interpret=False)
     target = GPUTarget("cuda", arch, 32)
+    cap = (arch // 10, arch % 10)
     pdl_arch = arch >= 90
     fwd_cfgs, merge_cfgs = plans(mod, arch)
     fp8_cfgs, fp8_merge = plans(mod, arch, "fp8_ds_mla")
@@ -143,7 +144,7 @@ def compile_matrix(arch: int) -> list[dict]:
                 assert bdv == 512, bdv  # fp8 programs cover the 512 latent columns
             if fwd is mod._sparse_mla_fwd_kernel:
                 cst.update(KV_FP8=fp8, FP8_HW=hw, ROPE_DT=tl.bfloat16 if fp8 else None,
-                           PACKED=fp8, FP8_PINNED=fp8 and stages > 1)
+                           PACKED=fp8, FP8_PINNED=fp8 and mod._pin_dequant(cap, stages))
             if not (fp8 and not deq):
                 cst.update(BLOCK_DV=bdv)
             sig = _signature(fwd, dt, dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt",
