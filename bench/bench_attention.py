@@ -25,7 +25,13 @@ fp8_hw=False); each also times the fp8 kernel the launch table did not pick
 (`fp8_kernel` is the pick; `codes_us` / `dequant_us` both kernels, one of them
 the engine call's time): the table's choices measured both ways.
 --extra: also the kernel file given by SMLA_TREE_BEFORE ("before"), the flat
-[slots, 576] view (bf16) and a block stride twice the block ("stride2x").
+[slots, 576] view (bf16) and a block stride twice the block ("stride2x");
+--before: only the first.
+--emulate 8.0 | 8.6 | 8.9 | 12.0: the launch table of that GPU (its tiles, e4m3
+path, no PDL below sm90) with every dot compiled as mma.sync, as Triton compiles
+for GPUs without wgmma (timing.emulate_capability): those GPUs' kernels run on
+the H200's memory system and clocks, a proxy for ranking their launch choices,
+not their speed; FlashMLA stays the H200's.
 Timing: triton.testing.do_bench medians (L2 flushed) for eager cells; tokens
 <= 64 as CUDA-graph replays (as vLLM's decode runs).  Host time per call:
 bench/bench_host.py (host.json).
@@ -33,7 +39,8 @@ Copy bandwidth measured in the same run: 1 GiB device-to-device copy.
 Bytes per cell: each gathered row once per token (1152 B bf16, 656 B fp8) +
 q + out.  Output: attention.json {"copy_tbps", "command", "rows": [...]}.
 
-  python bench/bench_attention.py OUT_DIR [--quick] [--prewarm N] [--extra] [--heads 16,32 --tokens 1,1024]
+  python bench/bench_attention.py OUT_DIR [--quick] [--prewarm N] [--extra | --before]
+      [--emulate 8.0] [--heads 16,32 --tokens 1,1024]
 env: SMLA_TREE (kernel file), SMLA_TREE_BEFORE (optional), SMLA_FLASHMLA_SO
 """
 from __future__ import annotations
@@ -52,7 +59,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from fp8_ds_mla_reference import row_bytes  # noqa: E402
-from timing import copy_tbps, kernel_modules, parse_args, prewarm_workers  # noqa: E402
+from timing import copy_tbps, emulate_capability, kernel_modules, parse_args, prewarm_workers  # noqa: E402
 from timing import median_us as bench  # noqa: E402
 from sparse_mla_reference import reference_sparse_mla  # noqa: E402
 
@@ -205,7 +212,8 @@ def sweep_cells(bf16_heads=None, tokens=None):
             for cfg in (SWEEP_BF16 if path is None else SWEEP_FP8)]
 
 
-def prewarm_worker(mod, which: str, heads, tokens, sweep: list, bf16_only: bool) -> None:
+def prewarm_worker(mod, which: str, heads, tokens, sweep: list, bf16_only: bool,
+                   before=None) -> None:
     """Compile every launch of the grid once on a small cache (Triton's disk
     cache then serves the timed process): cells i::n of the grid."""
     i, n = map(int, which.split("/"))
@@ -223,6 +231,8 @@ def prewarm_worker(mod, which: str, heads, tokens, sweep: list, bf16_only: bool)
         slots = torch.randint(0, nb * BS, (T, TOPK), generator=gen, device="cuda",
                               dtype=torch.int32)
         Ours(mod, kv, T, H, cache, path)(ql, qpe, slots)
+        if before is not None:
+            Ours(before, kv, T, H, cache, path)(ql, qpe, slots)
         if path is not None:
             other_fp8(mod, kv, T, H, path)[1](ql, qpe, slots)
     if sweep:
@@ -260,6 +270,11 @@ def extra_args(ap) -> None:
                     help="also time before / flat view / 2x block stride")
     ap.add_argument("--heads", default=None, help="comma-separated head counts (default: the grid's)")
     ap.add_argument("--tokens", default=None, help="comma-separated token counts (default: the grid's)")
+    ap.add_argument("--before", action="store_true",
+                    help="also time SMLA_TREE_BEFORE's kernel file per cell (--extra includes it)")
+    ap.add_argument("--emulate", default=None, metavar="MAJOR.MINOR",
+                    help="the launch table of that GPU (e.g. 8.0, 8.9, 12.0) with the dots "
+                         "compiled as mma.sync: a proxy of GPUs without wgmma on the H200")
     ap.add_argument("--sweep-bf16", default=None, metavar="H[,H]",
                     help="only the 16-bit kernel's tiles for these head counts, bf16 cache, at "
                          "--tokens (default 1024,4096); no engine cells")
@@ -269,6 +284,8 @@ def main() -> None:
     args = parse_args(__doc__, extra_args)
     out_dir = args.out_dir
     mod, before = kernel_modules("vllm/v1/attention/ops/triton_sparse_mla.py", "smla_attn")
+    if args.emulate:
+        emulate_capability(args.emulate, mod, before)
     heads, tokens = ([8, 32, 64], [1, 1024]) if args.quick else (HEADS, TOKENS)
     if args.heads:
         heads = [int(h) for h in args.heads.split(",")]
@@ -282,7 +299,8 @@ def main() -> None:
     if bf16_heads:
         heads = []
     if args.worker:
-        prewarm_worker(mod, args.worker, heads, tokens, sweep, bool(bf16_heads))
+        prewarm_worker(mod, args.worker, heads, tokens, sweep, bool(bf16_heads),
+                       before if args.extra or args.before else None)
         return
     if args.prewarm:
         prewarm_workers(__file__, args.prewarm, sys.argv[1:])
@@ -313,6 +331,8 @@ def main() -> None:
                 row_b = FP8_ROW if cache == "fp8_ds_mla" else 2 * (R + P)
                 ours = Ours(mod, kv, T, H, cache, path)
                 r = dict(heads=H, tokens=T, topk=TOPK, cache=cache, call="engine", graph=graph)
+                if args.emulate:
+                    r["emulate"] = args.emulate
                 if path is not None:
                     r["path"] = path
                 r["ours_us"] = bench(lambda: ours(ql, qpe, slots), graph)
@@ -335,10 +355,13 @@ def main() -> None:
                         del fm
                     r["flashmla_us"] = fm_us[cache]
                     r["ours_vs_flashmla"] = r["ours_us"] / r["flashmla_us"]
+                if (args.extra or args.before) and before is not None:
+                    old = Ours(before, kv, T, H, cache, path)
+                    r["before_us"] = bench(lambda: old(ql, qpe, slots), graph)
+                    r["before_rel_err_vs_f64"] = check(old(ql, qpe, slots), ql, qpe,
+                                                       kv.view(-1, kv.shape[-1]), slots, cache)
+                    del old
                 if args.extra:
-                    if before is not None:
-                        old = Ours(before, kv, T, H, cache, path)
-                        r["before_us"] = bench(lambda: old(ql, qpe, slots), graph)
                     wide = torch.empty((NUM_BLOCKS, 2, BS, kv.shape[-1]), dtype=kv.dtype,
                                        device="cuda")
                     wide[:, 0] = kv

@@ -14,6 +14,8 @@
 - ``copy_tbps()``: device-to-device copy bandwidth of 1 GiB, bytes read +
   written over time (the bytes floor the benchmarks compare against).
 - ``host_us(fn)``: host time per eager call, 2,000 calls queued back to back.
+- ``emulate_capability(cap, *mods)``: the launch table of a GPU without wgmma
+  (e.g. "8.0", "8.9", "12.0") on the H200, its dots compiled as mma.sync.
 """
 from __future__ import annotations
 
@@ -50,6 +52,29 @@ def parse_args(doc: str | None = None, extra=None) -> argparse.Namespace:
     args.out_dir = Path(args.out_dir)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     return args
+
+
+def emulate_capability(cap: str, *mods) -> tuple[int, int]:
+    """Run the kernels as a GPU of capability `cap` would (an arch-generic proxy of sm80-89 /
+    sm120 on the H200): the modules' device query answers `cap` with this GPU's SM count, so
+    their launch tables pick that arch's tiles, e4m3 path and PDL; and Triton compiles every dot
+    as mma.sync (DISABLE_MMA_V3, which Triton's cache key includes), as it does for GPUs without
+    wgmma.  Set before the first compile; prewarm workers inherit it through the environment.
+    The H200's shared memory, clocks and bandwidth stay."""
+    major, minor = (int(x) for x in cap.split("."))
+    if major in (8, 12):
+        os.environ["DISABLE_MMA_V3"] = "1"
+    for mod in mods:
+        if mod is None:
+            continue
+        real = mod._device_info
+
+        def fake(device, real=real):
+            sms, _ = real(device)
+            return sms, (major, minor)
+
+        mod._device_info = fake
+    return major, minor
 
 
 def kernel_modules(rel: str, prefix: str):

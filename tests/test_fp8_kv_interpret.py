@@ -308,9 +308,46 @@ def test_fp8_32_head_tiles(smla):
         assert cfg(H, 4, 2048, bf16, 132, (9, 0), kv_fp8=True)["BLOCK_H"] == 16
         for T in (64, 4096):
             assert cfg(H, T, 2048, bf16, 132, (9, 0))["BLOCK_H"] == 32, (H, T)
-    # the ~99 KB parts: the same tile with one stage (compiled: 72 KB of shared memory)
+    # the ~99 KB parts: the same tile (compiled for sm89: 93 KB of shared memory)
     got = cfg(32, 4096, 2048, bf16, 128, (8, 9), kv_fp8=True)
-    assert not got["FP8_DEQUANT"] and (got["BLOCK_H"], got["num_stages"]) == (32, 1)
+    assert not got["FP8_DEQUANT"] and (got["BLOCK_H"], got["BLOCK_N"], got["num_stages"]) == (
+        32, 32, 2)
+
+
+def test_tiles_without_wgmma(smla):
+    """GPUs without wgmma (sm80-89, sm120/121: Triton's dots are mma.sync there) run 33+ heads in
+    32-head tiles and the fp8 cache's 17+ head tiles through the codes kernel: on the H200 with
+    the dots compiled as mma.sync and the table as sm80 picks it, 64 heads x 4096 tokens bf16 6200
+    vs 11118 us for the 64-head tile, fp8 9273 vs 237329 us for the pinned dequantising 64-head
+    tile (ptxas gives pinned tiles of more than 16 heads 32 registers and a KB-sized stack there,
+    so none is pinned).  The ~99 KB parts keep two stages (their pipelined tiles need less shared
+    memory than one-stage ones): emulated sm89, 32 x 4096 bf16 3905 vs 8098 us.  sm90 keeps its
+    64-head tiles, pinned; sm100/103 pin nothing."""
+    cfg, bf16 = smla._config_for, torch.bfloat16
+    for cap, sms in (((8, 0), 108), ((8, 6), 82), ((8, 9), 128), ((12, 0), 188), ((12, 1), 48)):
+        assert smla._mma_sync(cap), cap
+        for H in (17, 32, 33, 64, 128):
+            for T in (1, 4, 64, 132, 1024, 4096):
+                for fp8 in (False, True):
+                    got = cfg(H, T, 2048, bf16, sms, cap, kv_fp8=fp8)
+                    key = (cap, H, T, fp8)
+                    assert got["BLOCK_H"] <= 32 and got["num_stages"] == 2, key
+                    if fp8 and got["BLOCK_H"] > 16:
+                        assert not got["FP8_DEQUANT"], key
+                    pinned = fp8 and got["FP8_DEQUANT"] and smla._pin_dequant(
+                        cap, got["num_stages"], got["BLOCK_H"])
+                    assert not pinned or got["BLOCK_H"] == 16, key
+        assert cfg(64, 4096, 2048, bf16, sms, cap)["BLOCK_H"] == 32
+        for block_h in (32, 64):
+            assert not smla._pin_dequant(cap, 2, block_h), (cap, block_h)
+        assert smla._pin_dequant(cap, 2, 16) and not smla._pin_dequant(cap, 1, 16)
+    for cap in ((9, 0), None):
+        assert not smla._mma_sync(cap)
+        assert cfg(64, 4096, 2048, bf16, 132, cap)["BLOCK_H"] == 64
+        assert smla._pin_dequant(cap, 2, 64)
+    for cap in ((10, 0), (10, 3)):
+        assert cfg(64, 4096, 2048, bf16, 148, cap)["BLOCK_H"] == 64
+        assert not smla._pin_dequant(cap, 2, 16)
 
 
 def test_16bit_tiles_per_triton(smla, monkeypatch):
