@@ -252,6 +252,13 @@ class Ours:
 
 def flashmla_interface():
     """(flash_mla_with_kvcache, its scheduler-metadata class) from the wheel's interface file."""
+    m = flashmla_module()
+    return m.flash_mla_with_kvcache, m.FlashMLASchedMeta
+
+
+def flashmla_module():
+    """The wheel's flash_mla_interface.py over its _flashmla_C (bench_dsv4_prefill.py takes
+    flash_mla_sparse_fwd from it)."""
     torch.ops.load_library(os.environ["SMLA_FLASHMLA_SO"])
     path = Path(os.environ.get("SMLA_FLASHMLA_INTERFACE", ""))
     if not path.is_file():
@@ -264,7 +271,7 @@ def flashmla_interface():
     spec = importlib.util.spec_from_file_location("smla_flash_mla_interface", path)
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
-    return m.flash_mla_with_kvcache, m.FlashMLASchedMeta
+    return m
 
 
 class FlashMLA:

@@ -20,7 +20,7 @@ kernel must have a cubin and PTX and fit the arch's per-block shared memory; on 
 PTX must not hold the hardware e4m3 conversion, on sm89+ with the hardware decode it must;
 the fp8 decode's gathered code tiles must load asynchronously (no synchronous i8 tile load in
 its TTGIR).
-Registers and spills are printed, not asserted.
+Registers are printed; no attention config may use more than 1 KB of stack (spills).
 
 One child process per arch without TRITON_INTERPRET (the interpreter tests set it for their
 whole process).  `python tests/test_kernel_compile_dsv4.py 90` prints one arch's records.
@@ -39,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from test_kernel_compile import (  # noqa: E402
+    SMEM_LIMIT,
     ARCHES, _signature, arch_children_fixture, arch_records, assert_compiled, finish_record)
 from test_kernel_compile_matrix import SMS  # noqa: E402
 
@@ -71,7 +72,8 @@ def plans(mod, arch: int, fp8: bool):
         for H in PADDED_HEADS:
             for T in TOKENS:
                 for K1, K2 in LISTS:
-                    p = mod._plan_for(sms, T, H, K1, K2, None, None, None, fp8=fp8)
+                    p = mod._plan_for(sms, T, H, K1, K2, None, None, None, fp8=fp8,
+                                      capability=(arch // 10, arch % 10))
                     split = p["num_splits"] > 1
                     fwd.add((p["BLOCK_H"], p["BLOCK_N"], p["num_warps"], p["num_stages"], split))
                     if split:
@@ -165,6 +167,17 @@ def test_every_dsv4_config_compiles(children, arch):
         (16, 32, 4, 2), (32, 32, 4, 2)}
     assert all(x["sync_code_loads"] == 0 for x in fp8), [
         (x["call"], x["BLOCK_H"], x["sync_code_loads"]) for x in fp8]
+    # the prefill's own plan: 4 warps, two stages (gathers as asynchronous copies), 64-row
+    # tiles unsplit where shared memory holds them (not the ~99 KB parts), else 32
+    pre = {(x["BLOCK_N"], x["num_warps"], x["num_stages"], x["split"]) for x in fwd
+           if not x["fp8_cache"]}
+    wide = SMEM_LIMIT[arch] > 102_656
+    assert {(n, w, st) for n, w, st, _ in pre} == ({(64, 4, 2), (32, 4, 2)} if wide
+                                                  else {(32, 4, 2)}), pre
+    assert all(n == 32 for n, _, _, split in pre if split), pre
+    big_stack = [(x["call"], x["BLOCK_H"], x["BLOCK_N"], x.get("sass_stack")) for x in fwd
+                 if x.get("sass_stack", 0) > 1024]
+    assert not big_stack, big_stack
     assert any(x["kernel"] == "merge" for x in recs)
     assert_compiled(recs)
     for x in fwd:

@@ -145,6 +145,8 @@ def test_series_dsv4_tests_can_fail(dsv4):
 def test_series_dsv4_plan(dsv4, sms):
     dsv4.test_plan_head_blocks_and_scratch_bound(sms)
     dsv4.test_fp8_plan(sms)
+    for capability in (None, (8, 0), (8, 6), (8, 9), (9, 0), (12, 0)):
+        dsv4.test_prefill_row_tiles(capability)
 
 
 def test_series_unknown_config_keys(attn, dsv4):

@@ -24,13 +24,18 @@ decode of batch 1/16/64 at 8k/64k tokens of context (ctx // 4 keys) in an engine
 max_model_len 65,536 (logit rows of 16,384), and one prefill chunk (2,048 queries at the end
 of 64k tokens); the step's top-k is 512 (persistent_topk, upstream's sm90 pick, for both).
 
-usage: python bench/indexer/bench_indexer.py OUT_DIR [--quick] [--sweep] [--dsv4]
+--emulate: the software path only, every dot compiled as mma.sync (DISABLE_MMA_V3: what Triton
+gives sm80/86, whose path it is; the H200 otherwise runs these 64-row dots as wgmma), to rank its
+launch configs for those GPUs (with --sweep); no DeepGEMM or vLLM ops needed (no --dsv4).
+
+usage: python bench/indexer/bench_indexer.py OUT_DIR [--quick] [--sweep] [--dsv4] [--emulate]
 env:   SMLA_TREE, SMLA_TREE_BEFORE, SMLA_DEEPGEMM_DIR, SMLA_VLLM_C_SO
 Writes OUT_DIR/indexer.json: {"copy_tbps", "rows": [...]}.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -165,10 +170,10 @@ SWEEP_PREFILL = [dict(QROWS=q, BLOCK_N=n, num_warps=w, num_stages=st)
                                      (4, 64, 8, 3), (4, 32, 4, 4))]
 
 
-def sweep(idx, ops, emit, bw):
-    """Launch configs beside the defaults (tuning data, same inputs)."""
+def sweep(idx, ops, emit, bw, mmas=(True, False)):
+    """Launch configs beside the defaults (tuning data, same inputs), per path in `mmas`."""
     qf, kc, ksc, wq, ks, ke = prefill_inputs(ops, [65536], [512], 100)
-    for mma in (True, False):
+    for mma in mmas:
         for cfg in SWEEP_PREFILL:
             try:
                 us = bench(lambda: idx.mqa_logits(qf, kc, ksc, wq, ks, ke, clean_logits=False,
@@ -183,7 +188,7 @@ def sweep(idx, ops, emit, bw):
                                 max_model_len=MAX_MODEL_LEN)
         a = (case["q_fp8"], case["kv"], case["w"], case["lens2d"], case["bt"], MAX_MODEL_LEN)
         nbytes = B * ctx * KEY_BYTES + B * (H * D + 4 * MAX_MODEL_LEN)
-        for mma in (True, False):
+        for mma in mmas:
             for cfg in SWEEP_DECODE:
                 cfg = {k: v for k, v in cfg.items() if v is not None}
                 try:
@@ -200,12 +205,19 @@ def sweep(idx, ops, emit, bw):
 def main():
     args = parse_args(__doc__, lambda ap: (
         ap.add_argument("--dsv4", action="store_true", help="also the DeepSeek-V4 cells"),
-        ap.add_argument("--dsv4-only", action="store_true", help="the DeepSeek-V4 cells alone")))
+        ap.add_argument("--dsv4-only", action="store_true", help="the DeepSeek-V4 cells alone"),
+        ap.add_argument("--emulate", action="store_true",
+                        help="software path only, dots compiled as mma.sync (sm80/86's)")))
+    if args.emulate:
+        if args.dsv4:
+            raise SystemExit("--emulate times the DSA cells only (no --dsv4)")
+        os.environ["DISABLE_MMA_V3"] = "1"  # before the first compile; in Triton's cache key
     args.dsv4 = args.dsv4 or args.dsv4_only
     out_dir = args.out_dir
     idx, before = kernel_modules(REL, "smla_idx")
-    dg = load_deepgemm()
-    ops = load_vllm_ops()
+    dg = None if args.emulate else load_deepgemm()
+    ops = None if args.emulate else load_vllm_ops()
+    paths = (("software", False),) if args.emulate else (("fp8-mma", True), ("software", False))
     bw = copy_tbps()
     print(f"copy {bw:.2f} TB/s  device {torch.cuda.get_device_name(0)}", flush=True)
     rows = []
@@ -221,7 +233,7 @@ def main():
         flops = 2.0 * H * D * float((ke - ks).sum())
         dg_us = (bench(lambda: dg.mqa_logits(qf, kc, ksc, wq, ks, ke, clean=False))
                  if dg is not None else None)
-        for path, mma in (("fp8-mma", True), ("software", False)):
+        for path, mma in paths:
             us = bench(lambda: idx.mqa_logits(qf, kc, ksc, wq, ks, ke, clean_logits=False,
                                               fp8_mma=mma))
             r = dict(kind="prefill", queries=M, context=N, path=path, ours_us=us,
@@ -262,7 +274,7 @@ def main():
                 dg_step_same = bench(lambda: decode_topk(
                     ops, dg.paged(*a, clean=False, sched=sched), next_n, case["lens2d"],
                     topk_out), graph=True)
-        for path, mma in (("fp8-mma", True), ("software", False)):
+        for path, mma in paths:
             us = bench(lambda: idx.paged_mqa_logits(*a, clean_logits=False, fp8_mma=mma),
                        graph=True)
             r = dict(kind="decode", batch=B, next_n=next_n,
@@ -289,11 +301,11 @@ def main():
         torch.cuda.empty_cache()
 
     if args.sweep:
-        sweep(idx, ops, emit, bw)
+        sweep(idx, ops, emit, bw, mmas=(False,) if args.emulate else (True, False))
     if args.dsv4:
         dsv4(idx, dg, ops, emit, bw)
     res = dict(copy_tbps=bw, device=torch.cuda.get_device_name(0), torch=torch.__version__,
-               triton=triton.__version__, rows=rows)
+               triton=triton.__version__, emulate_mma_sync=args.emulate, rows=rows)
     (out_dir / "indexer.json").write_text(json.dumps(res, indent=1) + "\n")
 
 
