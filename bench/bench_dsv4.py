@@ -113,30 +113,32 @@ def tree() -> Path:
     return Path(os.environ.get("SMLA_TREE", _line_tree(REPO)))
 
 
-def call_form(src: str, cls: str, func: str):
+def call_form(src: str, cls: str, func: str, method: str = "_forward_decode"):
     """(positional expressions, [(keyword, expression)]) of the call of `func` in
-    `cls`._forward_decode of the source `src`."""
+    `cls`.`method` of the source `src`."""
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for meth in node.body:
-                if isinstance(meth, ast.FunctionDef) and meth.name == "_forward_decode":
+                if isinstance(meth, ast.FunctionDef) and meth.name == method:
                     for c in ast.walk(meth):
                         if isinstance(c, ast.Call) and ast.unparse(c.func) == func:
                             return ([ast.unparse(a) for a in c.args],
                                     [(k.arg, ast.unparse(k.value)) for k in c.keywords])
-    raise LookupError(f"no call of {func} in {cls}._forward_decode")
+    raise LookupError(f"no call of {func} in {cls}.{method}")
 
 
-def engine_forms(root: Path | None = None):
-    """(ours form, FlashMLA form): the calls of the two classes' _forward_decode in the tree."""
+def engine_forms(root: Path | None = None, method: str = "_forward_decode",
+                 funcs: tuple[str, str] | None = None):
+    """(ours form, FlashMLA form): the calls of the two classes' `method` in the tree (of
+    `funcs`, default the decode calls)."""
     root = tree() if root is None else root
     forms = []
-    for rel, cls, func in (TRITON_CLASS, FLASHMLA_CLASS):
+    for i, (rel, cls, func) in enumerate((TRITON_CLASS, FLASHMLA_CLASS)):
         path = root / rel
         if not path.is_file():
             raise SystemExit(f"{path} is missing: SMLA_TREE must be the patched tree or a bundle "
                              "kern/ made by tests/gpu/make-bundle.sh")
-        forms.append(call_form(path.read_text(), cls, func))
+        forms.append(call_form(path.read_text(), cls, funcs[i] if funcs else func, method))
     return forms[0], forms[1]
 
 
