@@ -320,7 +320,7 @@ def test_tiles_without_wgmma(smla):
     the dots compiled as mma.sync and the table as sm80 picks it, 64 heads x 4096 tokens bf16 6200
     vs 11118 us for the 64-head tile, fp8 9273 vs 237329 us for the pinned dequantising 64-head
     tile (ptxas gives pinned tiles of more than 16 heads 32 registers and a KB-sized stack there,
-    so none is pinned).  The ~99 KB parts keep two stages (their pipelined tiles need less shared
+    so none is pinned).  The ~99 KB parts keep two or more stages (pipelined tiles need less shared
     memory than one-stage ones): emulated sm89, 32 x 4096 bf16 3905 vs 8098 us.  sm90 keeps its
     64-head tiles, pinned; sm100/103 pin nothing."""
     cfg, bf16 = smla._config_for, torch.bfloat16
@@ -331,7 +331,7 @@ def test_tiles_without_wgmma(smla):
                 for fp8 in (False, True):
                     got = cfg(H, T, 2048, bf16, sms, cap, kv_fp8=fp8)
                     key = (cap, H, T, fp8)
-                    assert got["BLOCK_H"] <= 32 and got["num_stages"] == 2, key
+                    assert got["BLOCK_H"] <= 32 and got["num_stages"] >= 2, key
                     if fp8 and got["BLOCK_H"] > 16:
                         assert not got["FP8_DEQUANT"], key
                     pinned = fp8 and got["FP8_DEQUANT"] and smla._pin_dequant(
