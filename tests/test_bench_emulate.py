@@ -22,7 +22,11 @@ def test_emulate_capability(vllm_tree, monkeypatch):
     smla = load_sparse_mla_module(vllm_tree, interpret=True)
     # emulate_capability replaces it: monkeypatch puts the real one back afterwards
     monkeypatch.setattr(smla, "_device_info", lambda device: (132, (9, 0)))
-    monkeypatch.delenv("DISABLE_MMA_V3", raising=False)
+    # emulate_capability sets DISABLE_MMA_V3 in os.environ: setenv first makes monkeypatch
+    # restore its absence afterwards (delenv of an absent variable records nothing, and a
+    # leaked DISABLE_MMA_V3 makes later compile checks build mma.sync kernels for sm90)
+    monkeypatch.setenv("DISABLE_MMA_V3", "0")
+    monkeypatch.delenv("DISABLE_MMA_V3")
     cpu = torch.device("cpu")
     assert smla.sparse_mla_config(64, 4096, 2048, torch.bfloat16, cpu)["BLOCK_H"] == 64
     assert emulate_capability("9.0", smla) == (9, 0)
