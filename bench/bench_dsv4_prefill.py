@@ -30,7 +30,7 @@ own first.  Output: OUT_DIR/dsv4_prefill.json {"copy_tbps", "rows"}.
 The kernel's tiles are at most 32 heads: Triton compiles their dots as mma.sync on the H200
 too, as on the GPUs without wgmma that run this path.
 env: SMLA_TREE (the patched tree or the bundle's kern/), SMLA_FLASHMLA_SO,
-     SMLA_FLASHMLA_INTERFACE
+     SMLA_FLASHMLA_INTERFACE, SMLA_DSV4_PREFILL_SWEEP (space-separated configs replacing SWEEP)
 """
 from __future__ import annotations
 
@@ -65,8 +65,9 @@ FORMS = dict(method="_sparse_prefill", funcs=("sparse_mla_dsv4_prefill", "flash_
 # CPU smoke: tiny shapes under the interpreter (fp16: it has no bf16 arithmetic)
 SMOKE = dict(heads=16, window=32, topk=64, context=1024, tokens=3)
 SMOKE_BOUND = 2e-3
-SWEEP = ("32:32:8:1", "32:32:8:2", "32:32:4:2", "16:32:8:2", "16:32:4:2", "32:64:8:2",
-         "32:64:4:2", "32:32:4:3", "32:32:4:4", "32:16:4:2", "32:64:4:3", "16:64:4:2")
+SWEEP = tuple(os.environ.get("SMLA_DSV4_PREFILL_SWEEP", "").split()) or (
+    "32:32:8:1", "32:32:8:2", "32:32:4:2", "16:32:8:2", "16:32:4:2", "32:64:8:2", "32:64:4:2",
+    "32:32:4:3", "32:32:4:4", "32:16:4:2", "32:64:4:3", "16:64:4:2")
 
 
 def chunk_inputs(layer: str, ctx: int, T: int, gen, heads: int = HEADS, window: int = WINDOW,
