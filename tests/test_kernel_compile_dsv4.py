@@ -92,6 +92,7 @@ def compile_dsv4(arch: int) -> list[dict]:
 
     mod = load_tree_module(default_tree(), REL, "smla_dsv4_compile")
     target = GPUTarget("cuda", arch, 32)
+    cap = (arch // 10, arch % 10)
     fwd_cfgs = {fp8: plans(mod, arch, fp8)[0] for fp8 in (False, True)}
     merge_cfgs = sorted(set(plans(mod, arch, False)[1]) | set(plans(mod, arch, True)[1]))
     # (name, dtype, fp8 cache, hardware e4m3, list 2 present)
@@ -108,13 +109,14 @@ def compile_dsv4(arch: int) -> list[dict]:
                 fn = mod._sparse_mla_dsv4_fp8_kernel
                 cst = dict(BS1=64, BS2=64, HAS_LEN1=True, HAS_LEN2=two,
                            HAS_SINK=True, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split, FP8_HW=hw,
-                           PACKED=True)
+                           PACKED=True, SPLIT_SCORES=mod._split_scores(cap, bh, warps))
                 ptrs = dict(q_ptr="dt", out_ptr="dt", part_ptr="fp32", sink_ptr="fp32",
                             idx1_ptr="i32", len1_ptr="i32", kv1_ptr="u8", idx2_ptr="i32",
                             len2_ptr="i32", kv2_ptr="u8")
             else:
                 fn = mod._sparse_mla_dsv4_kernel
-                cst = dict(HAS_LEN=True, HAS_SINK=True, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split)
+                cst = dict(HAS_LEN=True, HAS_SINK=True, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split,
+                           SPLIT_SCORES=mod._split_scores(cap, bh, warps))
                 ptrs = dict(q_ptr="dt", out_ptr="dt", part_ptr="fp32", sink_ptr="fp32",
                             idx_ptr="i32", len_ptr="i32", kv_ptr="dt")
             sig = _signature(fn, dt, ptrs, set(cst), float_names=("qk_scale",))

@@ -146,7 +146,8 @@ def compile_matrix(arch: int) -> list[dict]:
                 assert bdv == 512, bdv  # fp8 programs cover the 512 latent columns
             if fwd is mod._sparse_mla_fwd_kernel:
                 cst.update(KV_FP8=fp8, FP8_HW=hw, ROPE_DT=tl.bfloat16 if fp8 else None,
-                           PACKED=fp8, FP8_PINNED=fp8 and mod._pin_dequant(cap, stages, bh))
+                           PACKED=fp8, FP8_PINNED=fp8 and mod._pin_dequant(cap, stages, bh),
+                           SPLIT_SCORES=mod._split_scores(cap, bh, warps))
             if not (fp8 and not deq):
                 cst.update(BLOCK_DV=bdv)
             sig = _signature(fwd, dt, dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt",
