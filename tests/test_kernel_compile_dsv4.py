@@ -152,7 +152,10 @@ def test_every_dsv4_config_compiles(children, arch):
     fwd = [x for x in recs if x["kernel"] == "fwd"]
     # decode (split) and prefill (no split) plans, both head tiles, every call variant
     assert any(x["split"] for x in fwd) and any(not x["split"] for x in fwd)
-    assert {x["BLOCK_H"] for x in fwd} == {16, 32}
+    # 64 heads in one 8-warp tile only where the warpgroups split the scores (sm90, prefill)
+    assert {x["BLOCK_H"] for x in fwd} == ({16, 32, 64} if arch == 90 else {16, 32})
+    assert all((x["BLOCK_H"] == 64) == (x["num_warps"] == 8) for x in fwd)
+    assert all(not x["fp8_cache"] and not x["split"] for x in fwd if x["BLOCK_H"] == 64)
     kinds = {(x["call"], x["dtype"], x["decode"]) for x in fwd}
     want = {("decode", "bf16", "hw" if arch >= 89 else "sw"),
             ("decode-swa", "bf16", "hw" if arch >= 89 else "sw"),
@@ -170,12 +173,13 @@ def test_every_dsv4_config_compiles(children, arch):
     assert all(x["sync_code_loads"] == 0 for x in fp8), [
         (x["call"], x["BLOCK_H"], x["sync_code_loads"]) for x in fp8]
     # the prefill's own plan: 4 warps, two stages (gathers as asynchronous copies), 64-row
-    # tiles unsplit where shared memory holds them (not the ~99 KB parts), else 32
+    # tiles unsplit where shared memory holds them (not the ~99 KB parts), else 32; on sm90
+    # 64 heads unsplit in one 64 x 64-row tile on 8 warps
     pre = {(x["BLOCK_N"], x["num_warps"], x["num_stages"], x["split"]) for x in fwd
            if not x["fp8_cache"]}
     wide = SMEM_LIMIT[arch] > 102_656
-    assert {(n, w, st) for n, w, st, _ in pre} == ({(64, 4, 2), (32, 4, 2)} if wide
-                                                  else {(32, 4, 2)}), pre
+    want = {(64, 4, 2), (32, 4, 2)} if wide else {(32, 4, 2)}
+    assert {(n, w, st) for n, w, st, _ in pre} == want | ({(64, 8, 2)} if arch == 90 else set()), pre
     assert all(n == 32 for n, _, _, split in pre if split), pre
     big_stack = [(x["call"], x["BLOCK_H"], x["BLOCK_N"], x.get("sass_stack")) for x in fwd
                  if x.get("sass_stack", 0) > 1024]
