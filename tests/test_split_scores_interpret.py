@@ -138,8 +138,10 @@ def test_launchers_pass_the_rule(smla, dsv4_test, monkeypatch):
     ops = dsv4_test.sparse_mla_dsv4_prefill.__globals__  # the V4 kernel module's namespace
     for name in ("_sparse_mla_dsv4_kernel", "_sparse_mla_dsv4_fp8_kernel"):
         monkeypatch.setitem(ops, name, _Spy(ops[name]))
-    dsv4_test.test_prefill(64, torch.float16)
+    dsv4_test.test_prefill(32, torch.float16)  # the plan: a 32-head tile on 4 warps
+    dsv4_test.test_prefill(64, torch.float16)  # the plan: one 64-head tile on 8 warps
+    dsv4_test.test_prefill(64, torch.float16, config=dict(SPLIT_TILE, num_warps=4))
     dsv4_test.test_prefill(64, torch.float16, config=SPLIT_TILE)
-    assert ops["_sparse_mla_dsv4_kernel"].seen == [False, True]
+    assert ops["_sparse_mla_dsv4_kernel"].seen == [False, True, False, True]
     dsv4_test.test_decode(64, "swa", torch.float16, config=dict(BLOCK_H=64, BLOCK_N=32, num_warps=8))
     assert set(ops["_sparse_mla_dsv4_fp8_kernel"].seen) == {True}
