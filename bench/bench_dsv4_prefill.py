@@ -27,8 +27,9 @@ own first.  Output: OUT_DIR/dsv4_prefill.json {"copy_tbps", "rows"}.
   python bench/bench_dsv4_prefill.py OUT_DIR [--quick] [--sweep]
   python bench/bench_dsv4_prefill.py OUT_DIR --cpu-smoke   (TRITON_INTERPRET=1, tiny shapes,
         fp16, ours only, vs float64: OUT_DIR/dsv4_prefill-cpu-smoke.json)
-The kernel's tiles are at most 32 heads: Triton compiles their dots as mma.sync on the H200
-too, as on the GPUs without wgmma that run this path.
+The plan's tiles: 32 heads (mma.sync, as on the GPUs without wgmma that run this path) and, on
+sm90 for 64 heads over a full unsplit grid, one 64-head tile on 8 warps (wgmma, the scores split
+over the warpgroups).
 env: SMLA_TREE (the patched tree or the bundle's kern/), SMLA_FLASHMLA_SO,
      SMLA_FLASHMLA_INTERFACE, SMLA_DSV4_PREFILL_SWEEP (space-separated configs replacing SWEEP)
 """
