@@ -6,7 +6,7 @@ read from the tree's DeepseekV4TritonAttention._sparse_prefill (vllm/models/deep
 triton_sparse.py) and evaluated over the tensors below, as bench_dsv4.py does for the decode:
   sparse_mla_dsv4_prefill(q, kv, indices, scale, attn_sink=, topk_length=, out=)
 with the tensors as _forward_prefill lays them out for one request's chunk of T tokens:
-  q        [T, 64, 512] bf16 (V4's padded heads), out the same
+  q        [T, 64, 512] bf16 (V4's padded heads; --heads 128: 128), out the same
   kv       the bf16 gather workspace viewed [rows, 1, 512]: the request's compressed entries
            (ctx / ratio of them, C4 and C128 layers) then its window rows (the chunk's tokens
            and the 128 before it)
@@ -14,7 +14,7 @@ with the tensors as _forward_prefill lays them out for one request's chunk of T 
            compressed entries (C4: 512 of ctx/4, random; C128: all ctx/128, the list padded
            to a multiple of 128 with -1) then its 128 window rows; topk_length [T] the valid
            entries (every token of a chunk at the end of the context sees full lists)
-  sink     fp32 [64], half the heads -inf (FlashMLA's padding)
+  sink     fp32 [heads], half of them -inf (FlashMLA's padding)
 Upstream: flash_mla_sparse_fwd from vLLM 0.26.0's wheel (its flash_mla_interface.py over
 _flashmla_C: SMLA_FLASHMLA_INTERFACE, SMLA_FLASHMLA_SO) as DeepseekV4FlashMLAAttention.
 _sparse_prefill calls it, same inputs.  Cells: layer swa | c4 |
@@ -24,7 +24,7 @@ float64 reference on its first 2 tokens.  --sweep: each cell also with every lau
 SWEEP (sparse_mla_dsv4_prefill's `config`: BLOCK_H:BLOCK_N:num_warps:num_stages), the plan's
 own first.  Output: OUT_DIR/dsv4_prefill.json {"copy_tbps", "rows"}.
 
-  python bench/bench_dsv4_prefill.py OUT_DIR [--quick] [--sweep]
+  python bench/bench_dsv4_prefill.py OUT_DIR [--quick] [--sweep] [--heads 64|128]
   python bench/bench_dsv4_prefill.py OUT_DIR --cpu-smoke   (TRITON_INTERPRET=1, tiny shapes,
         fp16, ours only, vs float64: OUT_DIR/dsv4_prefill-cpu-smoke.json)
 The plan's tiles: 32 heads (mma.sync, as on the GPUs without wgmma that run this path) and, on
@@ -146,8 +146,13 @@ def cpu_smoke(out_dir: Path) -> int:
 
 
 def main() -> None:
-    args = parse_args(__doc__, lambda ap: ap.add_argument(
-        "--cpu-smoke", action="store_true", help="TRITON_INTERPRET=1, tiny shapes, ours only"))
+    def extra(ap):
+        ap.add_argument("--cpu-smoke", action="store_true",
+                        help="TRITON_INTERPRET=1, tiny shapes, ours only")
+        ap.add_argument("--heads", type=int, choices=(HEADS, 2 * HEADS), default=HEADS,
+                        help="padded query heads of the call (V4's 64, or 128)")
+    args = parse_args(__doc__, extra)
+    heads = args.heads
     if args.cpu_smoke:
         sys.exit(cpu_smoke(args.out_dir))
     mod, _ = kernel_modules(KERNEL, "smla_dsv4_prefill")
@@ -162,9 +167,9 @@ def main() -> None:
         cells = [("c4", 65536, 1024)]
     rows = []
     for layer, ctx, T in cells:
-        x = chunk_inputs(layer, ctx, T, gen)
-        plan = mod._plan(x["q"].device, T, HEADS, x["K"], 0)
-        r = dict(layer=layer, context=ctx, tokens=T, topk=x["K"],
+        x = chunk_inputs(layer, ctx, T, gen, heads)
+        plan = mod._plan(x["q"].device, T, heads, x["K"], 0)
+        r = dict(layer=layer, heads=heads, context=ctx, tokens=T, topk=x["K"],
                  plan=":".join(str(plan[k]) for k in ("BLOCK_H", "BLOCK_N", "num_warps",
                                                       "num_stages")))
         ours = engine_call(mod.sparse_mla_dsv4_prefill, ours_form, x)
@@ -174,7 +179,7 @@ def main() -> None:
         if fm is not None:
             r["flashmla_us"] = median_us(engine_call(fm, fm_form, x), False)
             r["ours_vs_flashmla"] = r["ours_us"] / r["flashmla_us"]
-        nbytes = T * x["K"] * HEAD_DIM * 2 + 2 * T * HEADS * HEAD_DIM * 2
+        nbytes = T * x["K"] * HEAD_DIM * 2 + 2 * T * heads * HEAD_DIM * 2
         r["pct_copy_bw"] = 100 * nbytes / (r["ours_us"] * 1e-6) / (bw * 1e12)
         if args.sweep:
             r["sweep"] = {}
