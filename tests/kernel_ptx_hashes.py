@@ -26,7 +26,8 @@ from test_kernel_compile import _signature  # noqa: E402
 
 DEBUG = (".loc", ".file", "//", ".section", "$L__", ".b8", ".b32")
 CONSTEXPRS = {"D_NOPE", "D_PE", "KV_BS", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "IEEE_DOT",
-              "PDL", "KV_FP8", "FP8_HW", "ROPE_DT", "PACKED", "FP8_PINNED", "SPLIT_SCORES"}
+              "PDL", "KV_FP8", "FP8_HW", "ROPE_DT", "PACKED", "FP8_PINNED", "SPLIT_SCORES",
+              "PREFETCH_LINES"}
 
 
 def main(tree: str, arch: int, prefix: str = "ptx") -> None:
@@ -51,6 +52,8 @@ def main(tree: str, arch: int, prefix: str = "ptx") -> None:
                                PACKED=fp8, IEEE_DOT=False,
                                FP8_PINNED=fp8 and mod._pin_dequant(cap, cfg["num_stages"], cfg["BLOCK_H"]),
                                SPLIT_SCORES=mod._split_scores(cap, cfg["BLOCK_H"], cfg["num_warps"]))
+                    cst["PREFETCH_LINES"] = mod._prefetch_lines(
+                        cst["SPLIT_SCORES"], 656 if fp8 else 1152, torch.device("cuda"))
                     cst = {k: v for k, v in cst.items() if k in fwd.arg_names}
                     k = triton.compile(ASTSource(fn=fwd, signature=sig, constexprs=cst), target=target,
                                        options=dict(num_warps=cfg["num_warps"],

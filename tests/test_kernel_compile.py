@@ -114,7 +114,7 @@ def compile_report(arch: int, configs: list[dict] | None = None) -> list[dict]:
         dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="dt", slots_ptr="i32", out_ptr="dt", part_out_ptr="fp32",
              part_lse_ptr="fp32"),
         {"D_NOPE", "D_PE", "KV_BS", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "PDL",
-         "KV_FP8", "FP8_HW", "ROPE_DT"},
+         "KV_FP8", "FP8_HW", "ROPE_DT", "PACKED", "FP8_PINNED", "SPLIT_SCORES", "PREFETCH_LINES"},
         float_names=("qk_scale",))
     if configs is None:
         configs = []
@@ -125,7 +125,12 @@ def compile_report(arch: int, configs: list[dict] | None = None) -> list[dict]:
         cst = dict(D_NOPE=512, D_PE=64, KV_BS=64, BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
                    KV_FP8=False, FP8_HW=False, ROPE_DT=None,
                    BLOCK_DV=cfg["BLOCK_DV"], SPLIT=bool(cfg.get("SPLIT", False)),
-                   PDL=bool(cfg.get("SPLIT", False)) and arch >= 90)
+                   PDL=bool(cfg.get("SPLIT", False)) and arch >= 90, PACKED=False,
+                   FP8_PINNED=False,
+                   SPLIT_SCORES=mod._split_scores(cap, cfg["BLOCK_H"], cfg["num_warps"]))
+        # as the launcher gives it on an NVIDIA GPU (16-bit rows of 576 values)
+        cst["PREFETCH_LINES"] = mod._prefetch_lines(cst["SPLIT_SCORES"], 2 * 576,
+                                                    torch.device("cuda"))
         label = "fwd H{} BH{} BN{} DV{}".format(cfg.get("H", "?"), cfg["BLOCK_H"], cfg["BLOCK_N"],
                                                  cfg["BLOCK_DV"])
         build(fwd, fwd_sig, cst,
@@ -162,14 +167,15 @@ SHARED_BYTE_LOAD = re.compile(r"^\s*(?:@!?%\w+\s+)?ld\.shared\.[usb]8\b", re.MUL
 
 def finish_record(rec: dict, k) -> dict:
     """Add to a compile record what every compile-only test checks: the arch's shared-memory
-    limit, cubin / PTX present, the hardware e4m3 conversions and the one-byte shared-memory
-    loads in the PTX, registers / spills."""
+    limit, cubin / PTX present, the hardware e4m3 conversions, the one-byte shared-memory
+    loads and the L2 prefetches in the PTX, registers / spills."""
     ptx = k.asm.get("ptx", "")
     rec["smem_limit"] = SMEM_LIMIT[rec["arch"]]
     rec["has_cubin"] = len(k.asm.get("cubin", b"")) > 0
     rec["has_ptx"] = len(ptx) > 0
     rec["e4m3_cvt"] = len(E4M3_CVT.findall(ptx))
     rec["shared_byte_loads"] = len(SHARED_BYTE_LOAD.findall(ptx))
+    rec["l2_prefetches"] = ptx.count("prefetch.global.L2")
     if rec["has_cubin"]:
         rec.update(_resources(k.asm["cubin"]))
     return rec

@@ -106,6 +106,7 @@ def plans(mod, arch: int, kv_cache_dtype: str = "auto", heads=HEADS, topks=TOPK)
 
 
 def compile_matrix(arch: int) -> list[dict]:
+    import torch
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -148,6 +149,10 @@ def compile_matrix(arch: int) -> list[dict]:
                 cst.update(KV_FP8=fp8, FP8_HW=hw, ROPE_DT=tl.bfloat16 if fp8 else None,
                            PACKED=fp8, FP8_PINNED=fp8 and mod._pin_dequant(cap, stages, bh),
                            SPLIT_SCORES=mod._split_scores(cap, bh, warps))
+                # the launcher's rule on an NVIDIA GPU (this row's bytes)
+                row_bytes = mod.fp8_ds_mla_row_bytes(512, d_pe) if fp8 else 2 * (512 + d_pe)
+                cst["PREFETCH_LINES"] = mod._prefetch_lines(cst["SPLIT_SCORES"], row_bytes,
+                                                            torch.device("cuda"))
             if not (fp8 and not deq):
                 cst.update(BLOCK_DV=bdv)
             sig = _signature(fwd, dt, dict(q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt",
@@ -159,6 +164,7 @@ def compile_matrix(arch: int) -> list[dict]:
                                options=dict(num_warps=warps, num_stages=stages,
                                             **({"maxnreg": maxnreg} if maxnreg else {})))
             rec = dict(arch=arch, kernel="fwd", dtype=dt, kv=kv, nope=d_pe == 0,
+                       prefetch_lines=cst.get("PREFETCH_LINES", 0),
                        decode=("hw" if hw else "sw") if fp8 else "-", dequant=deq, BLOCK_H=bh,
                        BLOCK_N=bn, BLOCK_DV=bdv, num_warps=warps, num_stages=stages, split=split,
                        maxnreg=maxnreg,
@@ -223,6 +229,20 @@ def test_every_heuristic_config_compiles(children, arch):
         assert all(x["shared_byte_loads"] == 0 for x in fp8), [
             (x["BLOCK_H"], x["dequant"], x["decode"], x["shared_byte_loads"]) for x in fp8
             if x["shared_byte_loads"]]
+    # the L2 prefetch of the next tile's rows in sm90's split-score tiles only (64 rows on 8
+    # warps, wgmma; H200: 7-12% faster there, 23-33% slower in the tiles of <= 32 heads), one
+    # predicated prefetch per 128-byte line of a row: 9 lines of 1152 bytes, 8 of the NoPE 1024,
+    # 6 of the 656-byte fp8_ds_mla rows
+    want = {(x["dtype"], x["kv"], x["nope"], x["decode"], x["BLOCK_H"], x["BLOCK_N"],
+             x["num_warps"], x["num_stages"], x["split"])
+            for x in fwd if arch == 90 and x["BLOCK_H"] == 64 and x["num_warps"] == 8
+            and (x["kv"] != "fp8_ds_mla" or x["dequant"])}
+    assert want or arch != 90, "sm90 launches no split-score tile"
+    for x in fwd:
+        key = (x["dtype"], x["kv"], x["nope"], x["decode"], x["BLOCK_H"], x["BLOCK_N"],
+               x["num_warps"], x["num_stages"], x["split"])
+        lines = (6 if x["kv"] == "fp8_ds_mla" else 8 if x["nope"] else 9) if key in want else 0
+        assert (x["prefetch_lines"], x["l2_prefetches"] > 0) == (lines, lines > 0), (key, x)
     # no attention config collapses its registers into the stack: pinned dequantising tiles of
     # 32+ heads compiled for mma.sync took 32 registers and a 2.7-6 KB stack (ptxas), 25-40x
     # slower on the H200 with the dots as mma.sync; the configs the table gives stay <= 1 KB

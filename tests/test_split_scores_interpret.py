@@ -105,16 +105,20 @@ def test_dsv4_fp8_decode(dsv4_test, layer, num_splits):
 
 
 class _Spy:
-    """A @triton.jit function whose launches record their SPLIT_SCORES."""
+    """A @triton.jit function whose launches record their SPLIT_SCORES and PREFETCH_LINES (then
+    launched without the prefetch, PTX that the interpreter cannot run)."""
 
     def __init__(self, fn):
-        self.fn, self.seen = fn, []
+        self.fn, self.seen, self.lines = fn, [], []
 
     def __getitem__(self, grid):
         launch = self.fn[grid]
 
         def run(*args, **kwargs):
             self.seen.append(kwargs.get("SPLIT_SCORES"))
+            if "PREFETCH_LINES" in kwargs:
+                self.lines.append(kwargs["PREFETCH_LINES"])
+                kwargs["PREFETCH_LINES"] = 0
             return launch(*args, **kwargs)
 
         return run
@@ -123,11 +127,26 @@ class _Spy:
         return getattr(self.fn, name)
 
 
+def test_prefetch_rule(smla):
+    """The L2 prefetch of the next tile's rows goes with the split-score tiles, on NVIDIA GPUs
+    (PTX; not the interpreter): one prefetch per 128-byte line of a cache row."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert smla._prefetch_lines(True, 2 * 576, cuda) == 9
+    assert smla._prefetch_lines(True, 2 * 512, cuda) == 8  # NoPE 16-bit rows
+    assert smla._prefetch_lines(True, smla.fp8_ds_mla_row_bytes(), cuda) == 6  # 656 bytes
+    assert smla._prefetch_lines(False, 2 * 576, cuda) == 0
+    assert smla._prefetch_lines(True, 2 * 576, cpu) == 0
+
+
 def test_launchers_pass_the_rule(smla, dsv4_test, monkeypatch):
     """Each launcher gives its kernel _split_scores of the tile it launches: the 64-row 8-warp
-    tile splits, the plans' other tiles do not."""
+    tile splits, the plans' other tiles do not; the DSA launcher also its _prefetch_lines (as on
+    an NVIDIA GPU: 9 lines of the 1152-byte fp16 rows for the split tile, none elsewhere)."""
     spy = _Spy(smla._sparse_mla_fwd_kernel)
     monkeypatch.setattr(smla, "_sparse_mla_fwd_kernel", spy)
+    rule = smla._prefetch_lines
+    monkeypatch.setattr(smla, "_prefetch_lines",
+                        lambda split, row_bytes, device: rule(split, row_bytes, torch.device("cuda")))
     g = torch.Generator().manual_seed(0)
     q, kv = torch.randn(2, 64, D, generator=g).half(), torch.randn(64, D, generator=g).half()
     slots = torch.randint(0, 64, (2, 16), generator=g, dtype=torch.int32)
@@ -135,6 +154,7 @@ def test_launchers_pass_the_rule(smla, dsv4_test, monkeypatch):
     smla.sparse_mla_fwd(q[:, :32], kv, slots, SCALE, config=dict(SPLIT_TILE, BLOCK_H=32))
     smla.sparse_mla_fwd(q, kv, slots, SCALE, config=dict(SPLIT_TILE, num_warps=4))
     assert spy.seen == [True, False, False]
+    assert spy.lines == [9, 0, 0]
     ops = dsv4_test.sparse_mla_dsv4_prefill.__globals__  # the V4 kernel module's namespace
     for name in ("_sparse_mla_dsv4_kernel", "_sparse_mla_dsv4_fp8_kernel"):
         monkeypatch.setitem(ops, name, _Spy(ops[name]))
