@@ -30,10 +30,40 @@ CONSTEXPRS = {"D_NOPE", "D_PE", "KV_BS", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLI
               "PREFETCH_LINES"}
 
 
+def plan_kernel(mod, arch: int, dt_name: str, H: int, T: int, fp8: bool,
+                overrides: dict | None = None, attrs: dict | None = None):
+    """Compile the 16-bit (or dequantising fp8) kernel the launch table picks for H heads x T
+    tokens on `arch`, constexprs as the launcher passes them on an NVIDIA GPU, `overrides`
+    over them; attrs: Triton's specialization (e.g. the engine call's 16-byte alignment).
+    Returns (cfg, constexprs, compiled kernel)."""
+    fwd = mod._sparse_mla_fwd_kernel
+    cap = (arch // 10, arch % 10)
+    dtype = torch.bfloat16 if dt_name == "bf16" else torch.float16
+    cfg = mod._config_for(H, T, 2048, dtype, 132, cap, kv_fp8=fp8)
+    sig = _signature(fwd, dt_name, dict(
+        q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt", slots_ptr="i32",
+        out_ptr="dt", part_out_ptr="fp32", part_lse_ptr="fp32"),
+        CONSTEXPRS, float_names=("qk_scale",))
+    cst = dict(D_NOPE=512, D_PE=64, KV_BS=64, BLOCK_H=cfg["BLOCK_H"],
+               BLOCK_N=cfg["BLOCK_N"], BLOCK_DV=512, SPLIT=cfg["num_splits"] > 1,
+               PDL=False, KV_FP8=fp8, FP8_HW=fp8 and arch >= 89,
+               ROPE_DT=triton.language.bfloat16 if fp8 else None,
+               PACKED=fp8, IEEE_DOT=False,
+               FP8_PINNED=fp8 and mod._pin_dequant(cap, cfg["num_stages"], cfg["BLOCK_H"]),
+               SPLIT_SCORES=mod._split_scores(cap, cfg["BLOCK_H"], cfg["num_warps"]))
+    cst["PREFETCH_LINES"] = mod._prefetch_lines(
+        cst["SPLIT_SCORES"], 656 if fp8 else 1152, torch.device("cuda"))
+    cst.update(overrides or {})
+    cst = {k: v for k, v in cst.items() if k in fwd.arg_names}
+    k = triton.compile(ASTSource(fn=fwd, signature=sig, constexprs=cst, attrs=attrs),
+                       target=GPUTarget("cuda", arch, 32),
+                       options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+    return cfg, cst, k
+
+
 def main(tree: str, arch: int, prefix: str = "ptx") -> None:
     mod = load_tree_module(tree, MODULE_REL, prefix, False)
-    fwd = mod._sparse_mla_fwd_kernel
-    target, cap = GPUTarget("cuda", arch, 32), (arch // 10, arch % 10)
+    cap = (arch // 10, arch % 10)
     for dt_name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
         for H in (8, 16, 32, 64):
             for T in (4096, 64):
@@ -41,23 +71,7 @@ def main(tree: str, arch: int, prefix: str = "ptx") -> None:
                     cfg = mod._config_for(H, T, 2048, dtype, 132, cap, kv_fp8=fp8)
                     if fp8 and not cfg["FP8_DEQUANT"]:
                         continue  # the codes kernel: another kernel
-                    sig = _signature(fwd, dt_name, dict(
-                        q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt", slots_ptr="i32",
-                        out_ptr="dt", part_out_ptr="fp32", part_lse_ptr="fp32"),
-                        CONSTEXPRS, float_names=("qk_scale",))
-                    cst = dict(D_NOPE=512, D_PE=64, KV_BS=64, BLOCK_H=cfg["BLOCK_H"],
-                               BLOCK_N=cfg["BLOCK_N"], BLOCK_DV=512, SPLIT=cfg["num_splits"] > 1,
-                               PDL=False, KV_FP8=fp8, FP8_HW=fp8 and arch >= 89,
-                               ROPE_DT=triton.language.bfloat16 if fp8 else None,
-                               PACKED=fp8, IEEE_DOT=False,
-                               FP8_PINNED=fp8 and mod._pin_dequant(cap, cfg["num_stages"], cfg["BLOCK_H"]),
-                               SPLIT_SCORES=mod._split_scores(cap, cfg["BLOCK_H"], cfg["num_warps"]))
-                    cst["PREFETCH_LINES"] = mod._prefetch_lines(
-                        cst["SPLIT_SCORES"], 656 if fp8 else 1152, torch.device("cuda"))
-                    cst = {k: v for k, v in cst.items() if k in fwd.arg_names}
-                    k = triton.compile(ASTSource(fn=fwd, signature=sig, constexprs=cst), target=target,
-                                       options=dict(num_warps=cfg["num_warps"],
-                                                    num_stages=cfg["num_stages"]))
+                    cfg, _, k = plan_kernel(mod, arch, dt_name, H, T, fp8)
                     body = "\n".join(ln for ln in k.asm["ptx"].splitlines()
                                      if not ln.lstrip().startswith(DEBUG))
                     print(dt_name, H, T, fp8, cfg["BLOCK_H"], cfg["BLOCK_N"],
