@@ -32,14 +32,16 @@ CONSTEXPRS = {"D_NOPE", "D_PE", "KV_BS", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLI
 
 def plan_kernel(mod, arch: int, dt_name: str, H: int, T: int, fp8: bool,
                 overrides: dict | None = None, attrs: dict | None = None):
-    """Compile the 16-bit (or dequantising fp8) kernel the launch table picks for H heads x T
-    tokens on `arch`, constexprs as the launcher passes them on an NVIDIA GPU, `overrides`
-    over them; attrs: Triton's specialization (e.g. the engine call's 16-byte alignment).
+    """Compile the kernel the launch table picks for H heads x T tokens on `arch` (the 16-bit
+    kernel, also for fp8 rows it dequantises; else the fp8 codes kernel), constexprs and
+    register cap as the launcher passes them on an NVIDIA GPU, `overrides` over them; attrs:
+    Triton's specialization (e.g. the engine call's 16-byte alignment).
     Returns (cfg, constexprs, compiled kernel)."""
-    fwd = mod._sparse_mla_fwd_kernel
     cap = (arch // 10, arch % 10)
     dtype = torch.bfloat16 if dt_name == "bf16" else torch.float16
     cfg = mod._config_for(H, T, 2048, dtype, 132, cap, kv_fp8=fp8)
+    codes = fp8 and not cfg["FP8_DEQUANT"]
+    fwd = mod._sparse_mla_fwd_fp8_kernel if codes else mod._sparse_mla_fwd_kernel
     sig = _signature(fwd, dt_name, dict(
         q_ptr="dt", q_pe_ptr="dt", kv_ptr="u8" if fp8 else "dt", slots_ptr="i32",
         out_ptr="dt", part_out_ptr="fp32", part_lse_ptr="fp32"),
@@ -55,9 +57,11 @@ def plan_kernel(mod, arch: int, dt_name: str, H: int, T: int, fp8: bool,
         cst["SPLIT_SCORES"], 656 if fp8 else 1152, torch.device("cuda"))
     cst.update(overrides or {})
     cst = {k: v for k, v in cst.items() if k in fwd.arg_names}
+    options = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if cfg.get("maxnreg"):
+        options["maxnreg"] = cfg["maxnreg"]
     k = triton.compile(ASTSource(fn=fwd, signature=sig, constexprs=cst, attrs=attrs),
-                       target=GPUTarget("cuda", arch, 32),
-                       options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+                       target=GPUTarget("cuda", arch, 32), options=options)
     return cfg, cst, k
 
 
