@@ -32,7 +32,8 @@ from test_kernel_compile import _ptxas_perf_losses, _resources  # noqa: E402
 from test_kernel_compile_matrix import _runtime_attrs  # noqa: E402
 
 SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
+# "@P0 BRA 0x20", and sm120's "BRA.U !UP0, 0x2e00" (a uniform predicate as an operand)
+BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?(0x[0-9a-f]+)")
 PREDICATE = re.compile(r"^@!?U?P[0-9T]+\s+")
 
 

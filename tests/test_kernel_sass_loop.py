@@ -28,5 +28,16 @@ def test_main_loop_is_the_longest_backward_branch():
         "BAR.SYNC.DEFER_BLOCKING", "BRA"]
 
 
+def test_uniform_predicate_branch():
+    """sm120's listing: the loop's branch takes a uniform predicate operand, and
+    scheduling annotations follow the operands."""
+    sass = (
+        "        /*0000*/                   LDC R1, c[0x0][0x37c]       &wr=0x1   ?trans1;\n"
+        "        /*0010*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4  ?trans1;\n"
+        "        /*0020*/                   BRA.U !UP0, 0x10            &req={1}  ?WAIT15_END_GROUP;\n"
+        "        /*0030*/                   EXIT                        ?trans5;\n")
+    assert [opcode(t) for t in main_loop(sass)] == ["HMMA.16816.F32.BF16", "BRA.U"]
+
+
 def test_no_loop():
     assert main_loop("        /*0000*/                   EXIT ;\n") == []
