@@ -28,7 +28,7 @@ import triton  # noqa: E402
 
 from kernel_ptx_hashes import plan_kernel  # noqa: E402
 from sparse_mla_reference import MODULE_REL, load_tree_module  # noqa: E402
-from test_kernel_compile import _ptxas_perf_losses, _resources  # noqa: E402
+from test_kernel_compile import _ptxas_perf_losses, _resources, triton_tool  # noqa: E402
 from test_kernel_compile_matrix import _runtime_attrs  # noqa: E402
 
 SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
@@ -70,7 +70,7 @@ def main() -> None:
     mod = load_tree_module(a.tree, MODULE_REL, "sass", False)
     cfg, cst, k = plan_kernel(mod, a.arch, a.dtype, a.heads, a.tokens, a.fp8, overrides,
                               _runtime_attrs(mod._sparse_mla_fwd_kernel))
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    tool = triton_tool("cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()

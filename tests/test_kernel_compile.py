@@ -55,13 +55,18 @@ def _signature(fn, dt, ptr_types, constexpr_names, float_names=()):
     return sig
 
 
+def triton_tool(name: str) -> Path:
+    """A CUDA tool Triton ships (ptxas, cuobjdump, ...): backends/nvidia/bin/NAME."""
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+
+
 def _resources(cubin: bytes) -> dict:
     """REG / STACK / SHARED / LOCAL of the cubin's kernel via Triton's cuobjdump."""
     import tempfile
 
-    import triton
-
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    tool = triton_tool("cuobjdump")
     if not tool.exists():
         return {}
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -176,11 +181,9 @@ def _ptxas_perf_losses(ptx: str, arch: int) -> list[str]:
     only (compiled again here with -v, as Triton compiles them), [] for every other."""
     import tempfile
 
-    import triton
-
     if arch != 90 or "wgmma.mma_async" not in ptx:
         return []
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    tool = triton_tool("ptxas")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"
         src.write_text(ptx)
@@ -261,12 +264,9 @@ def assert_compiled(recs: list[dict]) -> None:
 
 
 def _ptxas_supports(arch: int) -> bool:
-    import triton
-
-    binp = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     names = ["ptxas-blackwell", "ptxas"] if arch >= 100 else ["ptxas"]
     for name in names:
-        tool = binp / name
+        tool = triton_tool(name)
         if not tool.exists():
             continue
         r = subprocess.run([str(tool), "--help"], capture_output=True, text=True)
