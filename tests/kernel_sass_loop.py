@@ -24,13 +24,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import triton  # noqa: E402
-
-from kernel_ptx_hashes import plan_kernel  # noqa: E402
-from sparse_mla_reference import MODULE_REL, load_tree_module  # noqa: E402
-from test_kernel_compile import _ptxas_perf_losses, _resources, triton_tool  # noqa: E402
-from test_kernel_compile_matrix import _runtime_attrs  # noqa: E402
-
 SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 # "@P0 BRA 0x20", and sm120's "BRA.U !UP0, 0x2e00" (a uniform predicate as an operand)
 BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?(0x[0-9a-f]+)")
@@ -66,6 +59,15 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("overrides", nargs="*", help="NAME=INT constexpr overrides")
     a = ap.parse_args()
+    # Triton and the kernel helpers only here: importing this module for main_loop (its test)
+    # must not import Triton ahead of the interpreter tests, which set TRITON_INTERPRET first.
+    import triton
+
+    from kernel_ptx_hashes import plan_kernel
+    from sparse_mla_reference import MODULE_REL, load_tree_module
+    from test_kernel_compile import _ptxas_perf_losses, _resources, triton_tool
+    from test_kernel_compile_matrix import _runtime_attrs
+
     overrides = {k: int(v) for k, v in (o.split("=", 1) for o in a.overrides)}
     mod = load_tree_module(a.tree, MODULE_REL, "sass", False)
     cfg, cst, k = plan_kernel(mod, a.arch, a.dtype, a.heads, a.tokens, a.fp8, overrides,

@@ -1,11 +1,7 @@
 """tests/kernel_sass_loop.py's reading of a SASS listing (no compiler needed)."""
 from __future__ import annotations
 
-import pytest
-
-pytest.importorskip("triton")
-
-from kernel_sass_loop import main_loop, opcode  # noqa: E402
+from kernel_sass_loop import main_loop, opcode
 
 SASS = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
