@@ -24,7 +24,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from sparse_mla_reference import MODULE_REL, load_tree_module  # noqa: E402
 from test_kernel_compile import _signature  # noqa: E402
 
-DEBUG = (".loc", ".file", "//", ".section", "$L__", ".b8", ".b32")
+DEBUG = (".loc", ".file", "//", ".section", "$L__", ".b8", ".b32", ".b64")  # debug info
 CONSTEXPRS = {"D_NOPE", "D_PE", "KV_BS", "BLOCK_H", "BLOCK_N", "BLOCK_DV", "SPLIT", "IEEE_DOT",
               "PDL", "KV_FP8", "FP8_HW", "ROPE_DT", "PACKED", "FP8_PINNED", "SPLIT_SCORES",
               "PREFETCH_LINES"}
