@@ -32,6 +32,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -56,6 +57,7 @@ ALIGNED = {"q_ptr", "out_ptr", "part_ptr", "kv1_ptr", "kv2_ptr", "kv_ptr", "stri
            "stride_q_h", "stride_o_t", "stride_o_h", "stride_kv1", "stride_kv2", "stride_kv"}
 
 
+GPU = SimpleNamespace(type="cuda")  # the launcher's q.device on an NVIDIA GPU (PTX)
 # A [rows, cols] tile of e4m3 codes loaded synchronously (not by the pipeliner's async copies).
 SYNC_CODE_LOAD = re.compile(r"tt\.load [^\n]*: tensor<\d+x\d+x!tt\.ptr<i8>")
 
@@ -109,7 +111,9 @@ def compile_dsv4(arch: int) -> list[dict]:
                 fn = mod._sparse_mla_dsv4_fp8_kernel
                 cst = dict(BS1=64, BS2=64, HAS_LEN1=True, HAS_LEN2=two,
                            HAS_SINK=True, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split, FP8_HW=hw,
-                           PACKED=True, SPLIT_SCORES=mod._split_scores(cap, bh, warps))
+                           PACKED=True, SPLIT_SCORES=mod._split_scores(cap, bh, warps),
+                           PREFETCH=mod._fp8_prefetch(GPU, dict(num_splits=2 if split else 1,
+                                                                BLOCK_H=bh)))
                 ptrs = dict(q_ptr="dt", out_ptr="dt", part_ptr="fp32", sink_ptr="fp32",
                             idx1_ptr="i32", len1_ptr="i32", kv1_ptr="u8", idx2_ptr="i32",
                             len2_ptr="i32", kv2_ptr="u8")
@@ -126,7 +130,8 @@ def compile_dsv4(arch: int) -> list[dict]:
                        decode=("hw" if hw else "sw") if fp8 else "-", BLOCK_H=bh, BLOCK_N=bn,
                        num_warps=warps, num_stages=stages, split=split,
                        shared=int(k.metadata.shared),
-                       sync_code_loads=len(SYNC_CODE_LOAD.findall(k.asm["ttgir"])))
+                       sync_code_loads=len(SYNC_CODE_LOAD.findall(k.asm["ttgir"])),
+                       l2_prefetches=k.asm["ptx"].count("prefetch.global.L2"))
             out.append(finish_record(rec, k))
     merge = mod._sparse_mla_dsv4_merge_kernel
     for dt in ("bf16", "fp16"):
@@ -172,6 +177,12 @@ def test_every_dsv4_config_compiles(children, arch):
         (16, 32, 4, 2), (32, 32, 4, 2)}
     assert all(x["sync_code_loads"] == 0 for x in fp8), [
         (x["call"], x["BLOCK_H"], x["sync_code_loads"]) for x in fp8]
+    # fp8 decodes prefetch the next tile's rows into L2 where the 16-head grid fills a wave
+    # (unsplit, or 32 heads), not in split 16-head tiles; the 16-bit prefill never
+    assert all((x["l2_prefetches"] > 0) == (not x["split"] or x["BLOCK_H"] == 32)
+               for x in fp8), [
+        (x["call"], x["BLOCK_H"], x["split"], x["l2_prefetches"]) for x in fp8]
+    assert all(x["l2_prefetches"] == 0 for x in fwd if not x["fp8_cache"])
     # the prefill's own plan: 4 warps, two stages (gathers as asynchronous copies), 64-row
     # tiles unsplit where shared memory holds them (not the ~99 KB parts), else 32; on sm90
     # 64 heads unsplit in one 64 x 64-row tile on 8 warps
