@@ -19,7 +19,8 @@ stride alignment Triton specialises at run time for vLLM's tensors (`ALIGNED`). 
 kernel must have a cubin and PTX and fit the arch's per-block shared memory; on sm80/86 the
 PTX must not hold the hardware e4m3 conversion, on sm89+ with the hardware decode it must;
 the fp8 decode's gathered code tiles must load asynchronously (no synchronous i8 tile load in
-its TTGIR).
+its TTGIR); its tiles of wave-filling grids (unsplit, or 32 heads) must prefetch the next tile's
+rows into L2 (`_fp8_prefetch`), its split 16-head tiles and the prefill must not.
 Registers are printed; no attention config may use more than 1 KB of stack (spills).
 
 One child process per arch without TRITON_INTERPRET (the interpreter tests set it for their
