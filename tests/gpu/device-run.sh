@@ -84,7 +84,11 @@ fp8_bench() {
 }
 # vLLM's compiled ops from .gpu-port/so to $work, checked against the wheel member's sha256; without
 # .gpu-port/so in this call, the copy an earlier call on the same warm machine left there (e.g.
-# `device-run.sh t38-stage` carrying .gpu-port/so alone: the ops and the rest exceed one call's 64 MiB)
+# `device-run.sh t38-stage` carrying .gpu-port/so alone: the ops and the rest exceed one call's 64 MiB).
+# With the repo at ~15 MB (2026-12-05) even .gpu-port/so beside fm, dg.tar.xz and kern no longer fits:
+# `split -b 28000000` the .xz, carry the first piece in a call that copies it to $work, then in the
+# next call (same warm machine) `cat` both pieces | xz -dc > $work/_C_stable_libtorch.abi3.so and
+# copy SHA256SUMS beside it, carrying the rest but not .gpu-port/so (bench/results/h100-2026-12-05/).
 unpack_so() {
   if [ ! -d "$b/so" ] && [ -f "$work/SHA256SUMS" ]; then
     (cd "$work" && sha256sum -c SHA256SUMS)
