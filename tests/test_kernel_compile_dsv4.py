@@ -114,7 +114,8 @@ def compile_dsv4(arch: int) -> list[dict]:
                            HAS_SINK=True, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split, FP8_HW=hw,
                            PACKED=True, SPLIT_SCORES=mod._split_scores(cap, bh, warps),
                            PREFETCH=mod._fp8_prefetch(GPU, dict(num_splits=2 if split else 1,
-                                                                BLOCK_H=bh)))
+                                                                BLOCK_H=bh)),
+                           SCALES_AHEAD=mod._fp8_scales_ahead(dict(BLOCK_H=bh)))
                 ptrs = dict(q_ptr="dt", out_ptr="dt", part_ptr="fp32", sink_ptr="fp32",
                             idx1_ptr="i32", len1_ptr="i32", kv1_ptr="u8", idx2_ptr="i32",
                             len2_ptr="i32", kv2_ptr="u8")
