@@ -18,8 +18,8 @@ and every merge configuration a split can launch (BLOCK_S, warps), with the poin
 stride alignment Triton specialises at run time for vLLM's tensors (`ALIGNED`).  Each
 kernel must have a cubin and PTX and fit the arch's per-block shared memory; on sm80/86 the
 PTX must not hold the hardware e4m3 conversion, on sm89+ with the hardware decode it must;
-the fp8 decode's gathered code tiles must load asynchronously (no synchronous i8 tile load in
-its TTGIR); its tiles of wave-filling grids (unsplit, or 32 heads) must prefetch the next tile's
+the fp8 decode's gathered code tiles and scale words must load asynchronously (no synchronous
+i8 load in its TTGIR); its tiles of wave-filling grids (unsplit, or 32 heads) must prefetch the next tile's
 rows into L2 (`_fp8_prefetch`), its split 16-head tiles and the prefill must not.
 Registers are printed; no attention config may use more than 1 KB of stack (spills).
 
@@ -61,6 +61,9 @@ ALIGNED = {"q_ptr", "out_ptr", "part_ptr", "kv1_ptr", "kv2_ptr", "kv_ptr", "stri
 GPU = SimpleNamespace(type="cuda")  # the launcher's q.device on an NVIDIA GPU (PTX)
 # A [rows, cols] tile of e4m3 codes loaded synchronously (not by the pipeliner's async copies).
 SYNC_CODE_LOAD = re.compile(r"tt\.load [^\n]*: tensor<\d+x\d+x!tt\.ptr<i8>")
+# A [rows] vector of bytes loaded synchronously: the scale bytes, read one per lane, wait in the
+# loop step (too narrow for an asynchronous copy).
+SYNC_BYTE_LOAD = re.compile(r"tt\.load [^\n]*: tensor<\d+x!tt\.ptr<i8>")
 
 
 def _attrs(fn) -> dict:
@@ -114,8 +117,7 @@ def compile_dsv4(arch: int) -> list[dict]:
                            HAS_SINK=True, BLOCK_H=bh, BLOCK_N=bn, SPLIT=split, FP8_HW=hw,
                            PACKED=True, SPLIT_SCORES=mod._split_scores(cap, bh, warps),
                            PREFETCH=mod._fp8_prefetch(GPU, dict(num_splits=2 if split else 1,
-                                                                BLOCK_H=bh)),
-                           SCALES_AHEAD=mod._fp8_scales_ahead(dict(BLOCK_H=bh)))
+                                                                BLOCK_H=bh)))
                 ptrs = dict(q_ptr="dt", out_ptr="dt", part_ptr="fp32", sink_ptr="fp32",
                             idx1_ptr="i32", len1_ptr="i32", kv1_ptr="u8", idx2_ptr="i32",
                             len2_ptr="i32", kv2_ptr="u8")
@@ -133,6 +135,7 @@ def compile_dsv4(arch: int) -> list[dict]:
                        num_warps=warps, num_stages=stages, split=split,
                        shared=int(k.metadata.shared),
                        sync_code_loads=len(SYNC_CODE_LOAD.findall(k.asm["ttgir"])),
+                       sync_byte_loads=len(SYNC_BYTE_LOAD.findall(k.asm["ttgir"])),
                        l2_prefetches=k.asm["ptx"].count("prefetch.global.L2"))
             out.append(finish_record(rec, k))
     merge = mod._sparse_mla_dsv4_merge_kernel
@@ -170,15 +173,19 @@ def test_every_dsv4_config_compiles(children, arch):
     if arch >= 89:
         want.add(("decode", "bf16", "sw"))
     assert kinds == want, kinds
-    # the fp8 decode's own plan, under every Triton: 16 or 32 heads x 32 rows on 4 warps, two
-    # stages; each of its gathered code tiles reaches shared memory by asynchronous copies
+    # the fp8 decode's own plan, under every Triton: 16 or 32 heads x 32 rows on 4 warps, three
+    # stages (the index loads in a stage of their own); each of its gathered code tiles reaches shared memory by asynchronous copies
     # (Triton 3.8 loaded them synchronously, byte by byte, when the row pointers were a select
     # between two pointer tensors: 1.3-1.8x the time on the H200)
     fp8 = [x for x in fwd if x["fp8_cache"]]
     assert {(x["BLOCK_H"], x["BLOCK_N"], x["num_warps"], x["num_stages"]) for x in fp8} == {
-        (16, 32, 4, 2), (32, 32, 4, 2)}
+        (16, 32, 4, 3), (32, 32, 4, 3)}
     assert all(x["sync_code_loads"] == 0 for x in fp8), [
         (x["call"], x["BLOCK_H"], x["sync_code_loads"]) for x in fp8]
+    # and each row's scale bytes arrive as two int32 words by asynchronous copies too (as
+    # bytes they were 14 synchronous loads per step, waited on in the step)
+    assert all(x["sync_byte_loads"] == 0 for x in fp8), [
+        (x["call"], x["BLOCK_H"], x["sync_byte_loads"]) for x in fp8]
     # fp8 decodes prefetch the next tile's rows into L2 where the 16-head grid fills a wave
     # (unsplit, or 32 heads), not in split 16-head tiles; the 16-bit prefill never
     assert all((x["l2_prefetches"] > 0) == (not x["split"] or x["BLOCK_H"] == 32)

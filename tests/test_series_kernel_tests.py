@@ -121,6 +121,10 @@ def test_series_dsv4_block_edges_and_splits(dsv4):
     dsv4.test_decode_splits_agree(num_heads=16, max_splits=3)
 
 
+def test_series_dsv4_unaligned_cache(dsv4):
+    dsv4.test_unaligned_cache_rejected()
+
+
 def test_series_dsv4_prefill(dsv4):
     dsv4.test_prefill(16, F16, num_tokens=3, topk=64, window=64, num_splits=2)
 
