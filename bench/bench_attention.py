@@ -201,18 +201,36 @@ SWEEP_BF16_TILES = {
 }
 
 
-def sweep_cells(bf16_heads=None, tokens=None):
-    """(heads, tokens, cache, path, config) of --sweep, or of --sweep-bf16."""
+# --sweep-fp8 H[,H]: the fp8 codes kernel's tiles (BLOCK_H, BLOCK_N, warps, stages, maxnreg)
+# for these head counts, both e4m3 paths, at --tokens (default 1024, 4096); the first config
+# of each is the launch table's pick on ~227 KB parts. Five stages give the gathered rows two
+# buffers (Triton splits num_stages - 1 over the index load and the gather that depends on
+# it: below five, one buffer each, copied after the step's last dot and waited on at the
+# start of the next; compile-only, sm90).
+SWEEP_FP8_TILES = {
+    16: [(16, 32, 4, 2, 168), (16, 32, 4, 5, None), (16, 32, 4, 3, 168), (16, 64, 4, 5, None)],
+    32: [(32, 32, 4, 2, None), (32, 32, 4, 5, None), (32, 32, 8, 5, None)],
+}
+
+
+def sweep_cells(bf16_heads=None, tokens=None, fp8_heads=None):
+    """(heads, tokens, cache, path, config) of --sweep, --sweep-bf16 or --sweep-fp8."""
     if bf16_heads:
         return [(H, T, "bfloat16", None,
                  dict(BLOCK_H=h, BLOCK_N=n, num_warps=w, num_stages=st))
                 for H in bf16_heads for T in tokens
                 for h, n, w, st in SWEEP_BF16_TILES[min(SWEEP_BF16_TILES, key=lambda k: abs(k - H))]]
+    if fp8_heads:
+        return [(H, T, "fp8_ds_mla", path,
+                 dict(FP8_DEQUANT=False, BLOCK_H=h, BLOCK_N=n, num_warps=w, num_stages=st,
+                      maxnreg=reg))
+                for H in fp8_heads for T in tokens for path in ("hw", "software")
+                for h, n, w, st, reg in SWEEP_FP8_TILES[16 if H <= 16 else 32]]
     return [(SWEEP_HEADS, T, cache, path, cfg) for T in SWEEP_TOKENS for cache, path in VARIANTS
             for cfg in (SWEEP_BF16 if path is None else SWEEP_FP8)]
 
 
-def prewarm_worker(mod, which: str, heads, tokens, sweep: list, bf16_only: bool,
+def prewarm_worker(mod, which: str, heads, tokens, sweep: list, sweep_only: bool,
                    before=None) -> None:
     """Compile every launch of the grid once on a small cache (Triton's disk
     cache then serves the timed process): cells i::n of the grid."""
@@ -221,7 +239,7 @@ def prewarm_worker(mod, which: str, heads, tokens, sweep: list, bf16_only: bool,
     nb = 64
     small = {"bfloat16": torch.randn((nb, BS, R + P), generator=gen, device="cuda"
                                      ).to(torch.bfloat16)}
-    cells = [] if bf16_only else [(H, T, v) for H in heads for T in tokens for v in VARIANTS]
+    cells = [] if sweep_only else [(H, T, v) for H in heads for T in tokens for v in VARIANTS]
     cells = cells[i::n]
     for H, T, (cache, path) in cells:
         kv = small.get(cache)
@@ -278,6 +296,9 @@ def extra_args(ap) -> None:
     ap.add_argument("--sweep-bf16", default=None, metavar="H[,H]",
                     help="only the 16-bit kernel's tiles for these head counts, bf16 cache, at "
                          "--tokens (default 1024,4096); no engine cells")
+    ap.add_argument("--sweep-fp8", default=None, metavar="H[,H]",
+                    help="only the fp8 codes kernel's tiles for these head counts (<= 32), "
+                         "both e4m3 paths, at --tokens (default 1024,4096); no engine cells")
 
 
 def main() -> None:
@@ -292,14 +313,15 @@ def main() -> None:
     if args.tokens:
         tokens = [int(t) for t in args.tokens.split(",")]
     bf16_heads = [int(h) for h in args.sweep_bf16.split(",")] if args.sweep_bf16 else None
-    if bf16_heads and not args.tokens:
+    fp8_heads = [int(h) for h in args.sweep_fp8.split(",")] if args.sweep_fp8 else None
+    if (bf16_heads or fp8_heads) and not args.tokens:
         tokens = [1024, 4096]
-    sweep = (sweep_cells(bf16_heads, tokens) if bf16_heads
+    sweep = (sweep_cells(bf16_heads, tokens, fp8_heads) if bf16_heads or fp8_heads
              else sweep_cells() if args.sweep else [])
-    if bf16_heads:
+    if bf16_heads or fp8_heads:
         heads = []
     if args.worker:
-        prewarm_worker(mod, args.worker, heads, tokens, sweep, bool(bf16_heads),
+        prewarm_worker(mod, args.worker, heads, tokens, sweep, bool(bf16_heads or fp8_heads),
                        before if args.extra or args.before else None)
         return
     if args.prewarm:
