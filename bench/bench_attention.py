@@ -191,11 +191,12 @@ SWEEP_BF16 = [dict(BLOCK_H=h, BLOCK_N=n, num_warps=w, num_stages=st)
 # --sweep-bf16 H[,H]: the 16-bit kernel's tiles for these head counts (the
 # launch table's bf16 rows held under both Tritons, issue 32), bf16 cache only,
 # at --tokens (default 1024, 4096); the first config of each is today's pick
+# (five stages: the gathered rows in two buffers, see SWEEP_FP8_TILES)
 SWEEP_BF16_TILES = {
     16: [(16, 32, 4, 2), (16, 32, 4, 3), (16, 64, 4, 2), (16, 64, 8, 2), (16, 32, 8, 2),
-         (16, 16, 4, 3), (16, 64, 4, 3), (16, 32, 2, 2)],
+         (16, 16, 4, 3), (16, 64, 4, 3), (16, 32, 2, 2), (16, 32, 4, 5)],
     32: [(32, 64, 4, 2), (32, 64, 8, 2), (32, 32, 4, 2), (32, 32, 4, 3), (32, 64, 4, 3),
-         (32, 32, 8, 3), (64, 64, 8, 2)],
+         (32, 32, 8, 3), (64, 64, 8, 2), (32, 32, 4, 5)],
     64: [(64, 64, 8, 2), (64, 32, 8, 2), (64, 32, 8, 3), (64, 16, 8, 4), (64, 16, 4, 4),
          (64, 64, 8, 1), (64, 128, 16, 1), (64, 128, 8, 1)],
 }
