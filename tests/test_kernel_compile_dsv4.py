@@ -65,6 +65,10 @@ SYNC_CODE_LOAD = re.compile(r"tt\.load [^\n]*: tensor<\d+x\d+x!tt\.ptr<i8>")
 # A [rows] vector of bytes loaded synchronously: the scale bytes, read one per lane, wait in the
 # loop step (too narrow for an asynchronous copy).
 SYNC_BYTE_LOAD = re.compile(r"tt\.load [^\n]*: tensor<\d+x!tt\.ptr<i8>")
+# The pipeliner's buffers of the gathered row tiles (the leading dim of its [buffers, rows, cols]
+# allocations), recorded only: with one, the next step's copy starts after the step's last dot
+# and each step waits for its own rows (bench/results/gather-buffers-2026-12-06/).
+ROW_BUFFERS = re.compile(r"ttg\.local_alloc [^\n]*!ttg\.memdesc<(\d+)x\d+x\d+x")
 
 
 def _attrs(fn) -> dict:
@@ -137,7 +141,8 @@ def compile_dsv4(arch: int) -> list[dict]:
                        shared=int(k.metadata.shared),
                        sync_code_loads=len(SYNC_CODE_LOAD.findall(k.asm["ttgir"])),
                        sync_byte_loads=len(SYNC_BYTE_LOAD.findall(k.asm["ttgir"])),
-                       l2_prefetches=k.asm["ptx"].count("prefetch.global.L2"))
+                       l2_prefetches=k.asm["ptx"].count("prefetch.global.L2"),
+                       row_buffers=max(map(int, ROW_BUFFERS.findall(k.asm["ttgir"])), default=0))
             out.append(finish_record(rec, k))
     merge = mod._sparse_mla_dsv4_merge_kernel
     for dt in ("bf16", "fp16"):
