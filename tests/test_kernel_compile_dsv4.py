@@ -65,6 +65,9 @@ SYNC_CODE_LOAD = re.compile(r"tt\.load [^\n]*: tensor<\d+x\d+x!tt\.ptr<i8>")
 # A [rows] vector of bytes loaded synchronously: the scale bytes, read one per lane, wait in the
 # loop step (too narrow for an asynchronous copy).
 SYNC_BYTE_LOAD = re.compile(r"tt\.load [^\n]*: tensor<\d+x!tt\.ptr<i8>")
+# p's trips through shared memory in the fp8 decode: a [BLOCK_H, BLOCK_N] 16-bit tensor in the
+# dots' accumulator layout stored for a value dot's operand (warps split the score dot's columns).
+P_STORES = re.compile(r"ttg\.local_alloc %\S+ : \(tensor<\d+x\d+x(?:f16|bf16), #mma")
 # The pipeliner's buffers of the gathered row tiles (the leading dim of its [buffers, rows, cols]
 # allocations), recorded only: with one, the next step's copy starts after the step's last dot
 # and each step waits for its own rows (bench/results/gather-buffers-2026-12-06/).
@@ -142,6 +145,7 @@ def compile_dsv4(arch: int) -> list[dict]:
                        sync_code_loads=len(SYNC_CODE_LOAD.findall(k.asm["ttgir"])),
                        sync_byte_loads=len(SYNC_BYTE_LOAD.findall(k.asm["ttgir"])),
                        l2_prefetches=k.asm["ptx"].count("prefetch.global.L2"),
+                       p_stores=len(P_STORES.findall(k.asm["ttgir"])),
                        row_buffers=max(map(int, ROW_BUFFERS.findall(k.asm["ttgir"])), default=0))
             out.append(finish_record(rec, k))
     merge = mod._sparse_mla_dsv4_merge_kernel
@@ -198,6 +202,11 @@ def test_every_dsv4_config_compiles(children, arch):
     # copy read its codes byte by byte: 112 one-byte shared loads per step)
     assert all(x["shared_byte_loads"] == 0 for x in fp8), [
         (x["call"], x["BLOCK_H"], x["shared_byte_loads"]) for x in fp8]
+    # and p reaches the value dots through shared memory twice per step: once in float16 for
+    # every NoPE tile (their codes carry the scale factors), once in the query's dtype for the
+    # RoPE tile (with p * scale / u per tile it went once per tile: 8 trips per step)
+    assert all(x["p_stores"] <= 2 for x in fp8), [
+        (x["call"], x["BLOCK_H"], x["p_stores"]) for x in fp8]
     # fp8 decodes prefetch the next tile's rows into L2 where the 16-head grid fills a wave
     # (unsplit, or 32 heads), not in split 16-head tiles; the 16-bit prefill never
     assert all((x["l2_prefetches"] > 0) == (not x["split"] or x["BLOCK_H"] == 32)
