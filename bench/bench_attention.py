@@ -207,7 +207,8 @@ SWEEP_BF16_TILES = {
 # of each is the launch table's pick on ~227 KB parts. Five stages give the gathered rows two
 # buffers (Triton splits num_stages - 1 over the index load and the gather that depends on
 # it: below five, one buffer each, copied after the step's last dot and waited on at the
-# start of the next; compile-only, sm90).
+# start of the next; compile-only, sm90). Timed 2026-12-06: not faster
+# (bench/results/h100-2026-12-06/).
 SWEEP_FP8_TILES = {
     16: [(16, 32, 4, 2, 168), (16, 32, 4, 5, None), (16, 32, 4, 3, 168), (16, 64, 4, 5, None)],
     32: [(32, 32, 4, 2, None), (32, 32, 4, 5, None), (32, 32, 8, 5, None)],
