@@ -168,6 +168,9 @@ E4M3_CVT = re.compile(r"^\s*(?:@!?%\w+\s+)?cvt\.[\w.]*e4m3", re.MULTILINE)
 # Shared-memory loads of one byte (PTX ld.shared.u8 / .b8 / .s8): e4m3 codes read into a
 # tensor-core operand's registers one byte per lane.
 SHARED_BYTE_LOAD = re.compile(r"^\s*(?:@!?%\w+\s+)?ld\.shared\.[usb]8\b", re.MULTILINE)
+# Arithmetic shifts (PTX shr.s32 / shr.s64): how signed division by a constant compiles, e.g.
+# a slot's block and row as slot // KV_BS and slot % KV_BS on signed integers.
+SIGNED_SHIFT = re.compile(r"^\s*(?:@!?%\w+\s+)?shr\.s(?:32|64)\b", re.MULTILINE)
 
 
 # ptxas's "Potential Performance Loss" notes (ptxas -v), e.g. "(C7515) Potential Performance
@@ -196,7 +199,7 @@ def _ptxas_perf_losses(ptx: str, arch: int) -> list[str]:
 def finish_record(rec: dict, k) -> dict:
     """Add to a compile record what every compile-only test checks: the arch's shared-memory
     limit, cubin / PTX present, the hardware e4m3 conversions, the one-byte shared-memory
-    loads and the L2 prefetches in the PTX, registers / spills, ptxas's performance-loss
+    loads, the L2 prefetches and the arithmetic shifts in the PTX, registers / spills, ptxas's performance-loss
     notes (sm90's wgmma kernels)."""
     ptx = k.asm.get("ptx", "")
     rec["smem_limit"] = SMEM_LIMIT[rec["arch"]]
@@ -205,6 +208,7 @@ def finish_record(rec: dict, k) -> dict:
     rec["e4m3_cvt"] = len(E4M3_CVT.findall(ptx))
     rec["shared_byte_loads"] = len(SHARED_BYTE_LOAD.findall(ptx))
     rec["l2_prefetches"] = ptx.count("prefetch.global.L2")
+    rec["signed_shifts"] = len(SIGNED_SHIFT.findall(ptx))
     rec["ptxas_perf_losses"] = _ptxas_perf_losses(ptx, rec["arch"])
     if rec["has_cubin"]:
         rec.update(_resources(k.asm["cubin"]))

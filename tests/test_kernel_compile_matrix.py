@@ -243,6 +243,12 @@ def test_every_heuristic_config_compiles(children, arch):
                x["num_warps"], x["num_stages"], x["split"])
         lines = (6 if x["kv"] == "fp8_ds_mla" else 8 if x["nope"] else 9) if key in want else 0
         assert (x["prefetch_lines"], x["l2_prefetches"] > 0) == (lines, lines > 0), (key, x)
+    # each loop step's row pointers from unsigned division (_slot_offset): signed int64
+    # slot // KV_BS and slot % KV_BS took 13-15% of the 16-bit kernel's loop instructions
+    # (sm90 SASS, every tile) and left 28-144 arithmetic shifts in each kernel's PTX
+    signed = [(x["dtype"], x["kv"], x["decode"], x["dequant"], x["BLOCK_H"], x["BLOCK_N"],
+               x["split"], x["signed_shifts"]) for x in fwd if x["signed_shifts"]]
+    assert not signed, signed
     # no attention config collapses its registers into the stack: pinned dequantising tiles of
     # 32+ heads compiled for mma.sync took 32 registers and a 2.7-6 KB stack (ptxas), 25-40x
     # slower on the H200 with the dots as mma.sync; the configs the table gives stay <= 1 KB
