@@ -199,8 +199,8 @@ def _ptxas_perf_losses(ptx: str, arch: int) -> list[str]:
 def finish_record(rec: dict, k) -> dict:
     """Add to a compile record what every compile-only test checks: the arch's shared-memory
     limit, cubin / PTX present, the hardware e4m3 conversions, the one-byte shared-memory
-    loads, the L2 prefetches and the arithmetic shifts in the PTX, registers / spills, ptxas's performance-loss
-    notes (sm90's wgmma kernels)."""
+    loads, the L2 prefetches and the arithmetic shifts in the PTX, registers / spills,
+    ptxas's performance-loss notes (sm90's wgmma kernels)."""
     ptx = k.asm.get("ptx", "")
     rec["smem_limit"] = SMEM_LIMIT[rec["arch"]]
     rec["has_cubin"] = len(k.asm.get("cubin", b"")) > 0
